@@ -1,0 +1,89 @@
+"""Loading the compiled FFI library and registering its handlers with XLA.
+
+The library links the MPI that ``mpi4py`` loads (same soname); mpi4py is
+imported first so that the dynamic loader reuses that very ``libmpi`` instead
+of looking for one through the build-time rpath.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+LIBRARY_PATH = Path(__file__).resolve().parent / "libjaxfog_ffi.so"
+
+# Typed FFI handlers exported by the library (XLA_FFI_DEFINE_HANDLER_SYMBOL).
+HANDLERS = ("jaxfog_rank", "jaxfog_size", "jaxfog_barrier")
+
+
+class FfiLibraryError(ImportError):
+    """The FFI library is missing or does not match the MPI that mpi4py uses."""
+
+
+def build_info() -> dict[str, Any]:
+    """What the library was built against (MPI wrapper, CUDA/NCCL detection)."""
+    return json.loads(library().jaxfog_build_info().decode())
+
+
+def _string(function, size: int = 8192) -> str:
+    buffer = ctypes.create_string_buffer(size)
+    if function(buffer, size) != 0:
+        raise FfiLibraryError(f"{function.__name__} failed")
+    return buffer.value.decode(errors="replace")
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The loaded FFI library, with its C entry points typed."""
+    if not LIBRARY_PATH.exists():
+        raise FfiLibraryError(
+            f"jaxfog's FFI library is not built ({LIBRARY_PATH} is missing); "
+            "install jaxfog with 'pip install .' or 'pip install -e .' from the source tree")
+    from mpi4py import MPI  # noqa: F401  (loads libmpi first, see module docstring)
+
+    lib = ctypes.CDLL(str(LIBRARY_PATH))
+    lib.jaxfog_register_mpi_comm.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_double,
+                                             ctypes.c_char_p, ctypes.c_int]
+    lib.jaxfog_register_mpi_comm.restype = ctypes.c_int
+    lib.jaxfog_release_comm.argtypes = [ctypes.c_int64]
+    lib.jaxfog_release_comm.restype = ctypes.c_int
+    lib.jaxfog_mpi_library_version.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    lib.jaxfog_mpi_library_version.restype = ctypes.c_int
+    lib.jaxfog_mpi_query_thread.restype = ctypes.c_int
+    lib.jaxfog_mpi_thread_multiple.restype = ctypes.c_int
+    lib.jaxfog_build_info.restype = ctypes.c_char_p
+    _check_same_mpi(lib)
+    return lib
+
+
+def mpi_library_version() -> str:
+    """The version string of the MPI library the FFI library is linked to."""
+    return _string(library().jaxfog_mpi_library_version).strip()
+
+
+def _check_same_mpi(lib: ctypes.CDLL) -> None:
+    from mpi4py import MPI
+
+    ours = _string(lib.jaxfog_mpi_library_version).strip()
+    theirs = MPI.Get_library_version().strip()
+    if ours != theirs:
+        raise FfiLibraryError(
+            "jaxfog's FFI library and mpi4py use different MPI libraries:\n"
+            f"  jaxfog: {ours.splitlines()[0] if ours else '?'}\n"
+            f"  mpi4py: {theirs.splitlines()[0] if theirs else '?'}\n"
+            "rebuild jaxfog against mpi4py's MPI (JAXFOG_MPICXX, see README), or point "
+            "mpi4py at jaxfog's MPI with MPI4PY_LIBMPI")
+
+
+@functools.cache
+def register_handlers() -> None:
+    """Registers every handler as a CPU custom-call target (once per process)."""
+    import jax
+
+    lib = library()
+    for name in HANDLERS:
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)),
+                                    platform="cpu", api_version=1)

@@ -1,0 +1,308 @@
+"""Process runtime: MPI initialisation, ranks, machines and the current topology.
+
+``init()`` initialises MPI through mpi4py with ``MPI_THREAD_MULTIPLE`` (XLA may
+run communicating custom calls from several threads), duplicates
+``COMM_WORLD`` so that jaxfog's traffic never mixes with the user's, hands the
+duplicate to the C++ FFI library and sets the default topology. It works under
+a launcher (``jaxfog run``, ``mpiexec``, ``srun``) and as size 1 under a plain
+``python``. ``shutdown()`` runs at exit.
+
+Machines: ``local_rank``/``local_size`` count the ranks sharing a node (an
+``MPI_COMM_TYPE_SHARED`` split). ``machine_rank`` numbers the nodes in the
+order of their lowest world rank, so on homogeneous clusters with block rank
+placement ``machine_rank == rank // local_size``. Tests fake a grouping with
+``JAXFOG_NODES_PER_MACHINE=k`` (BlueFog's ``BLUEFOG_NODES_PER_MACHINE`` is
+honoured too): ranks ``[m*k, (m+1)*k)`` then form machine ``m``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import hashlib
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+
+from jaxfog import topology as T
+
+#: Environment variables that fake the machine grouping (first one set wins).
+NODES_PER_MACHINE_ENV = ("JAXFOG_NODES_PER_MACHINE", "BLUEFOG_NODES_PER_MACHINE")
+#: Seconds a communicating op may wait for a peer before failing; 0 disables.
+TIMEOUT_ENV = "JAXFOG_TIMEOUT"
+DEFAULT_TIMEOUT_SECONDS = 600.0
+
+# Communicator id of the world duplicate in the C++ registry.
+WORLD_COMM_ID = 0
+
+
+class NotInitializedError(RuntimeError):
+    """A jaxfog operation was used before ``jaxfog.init()``."""
+
+
+@dataclasses.dataclass
+class _State:
+    comm: Any  # mpi4py.MPI.Intracomm, duplicate of COMM_WORLD
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    machine_rank: int
+    machine_size: int
+    homogeneous: bool
+    timeout: float
+    topology: T.Topology
+    machine_topology: T.Topology
+
+
+_state: _State | None = None
+
+
+def _require() -> _State:
+    if _state is None:
+        raise NotInitializedError(
+            "jaxfog is not initialized: call jaxfog.init() before using ranks, "
+            "topologies or communication ops")
+    return _state
+
+
+def _timeout_from_env() -> float:
+    text = os.environ.get(TIMEOUT_ENV, "")
+    if not text:
+        return DEFAULT_TIMEOUT_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds") from None
+    if value < 0:
+        raise ValueError(f"{TIMEOUT_ENV}={text!r} must be >= 0 (0 disables the timeout)")
+    return value
+
+
+def _faked_nodes_per_machine(size: int) -> int | None:
+    for name in NODES_PER_MACHINE_ENV:
+        text = os.environ.get(name)
+        if text:
+            try:
+                value = int(text)
+            except ValueError:
+                raise ValueError(f"{name}={text!r} is not an integer") from None
+            if value < 1 or size % value:
+                raise ValueError(
+                    f"{name}={value} must be a positive divisor of the world size {size}")
+            return value
+    return None
+
+
+def _machine_layout(comm) -> tuple[int, int, int, int, bool]:
+    """(local_rank, local_size, machine_rank, machine_size, homogeneous)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    per_machine = _faked_nodes_per_machine(size)
+    if per_machine is not None:
+        return rank % per_machine, per_machine, rank // per_machine, size // per_machine, True
+    from mpi4py import MPI
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    try:
+        local_rank, local_size = local.Get_rank(), local.Get_size()
+        leader = local.bcast(rank, root=0)  # lowest world rank on this node
+    finally:
+        local.Free()
+    leaders, local_sizes = zip(*comm.allgather((leader, local_size)))
+    machines = sorted(set(leaders))
+    return (local_rank, local_size, machines.index(leader), len(machines),
+            len(set(local_sizes)) == 1)
+
+
+def init(topology: T.Topology | Any | None = None) -> None:
+    """Initialises MPI and jaxfog; collective over all ranks.
+
+    Args:
+      topology: the initial topology (a ``Topology`` or networkx graph);
+        default ``topology.exponential(size())``. Calling ``init`` again
+        only sets the topology if one is given.
+    """
+    global _state
+    if _state is not None:
+        if topology is not None:
+            set_topology(topology)
+        return
+    import mpi4py
+
+    mpi4py.rc.thread_level = "multiple"
+    from mpi4py import MPI
+
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        warnings.warn(
+            "MPI was initialised without MPI_THREAD_MULTIPLE (before jaxfog.init()); "
+            "communicating ops may run from several XLA threads", RuntimeWarning)
+    from jaxfog import ffi
+
+    lib = ffi.library()
+    timeout = _timeout_from_env()
+    comm = MPI.COMM_WORLD.Dup()
+    comm.Set_name("jaxfog")
+    error = ffi.ctypes.create_string_buffer(1024)
+    if lib.jaxfog_register_mpi_comm(WORLD_COMM_ID, comm.py2f(), timeout, error, 1024):
+        comm.Free()
+        raise ffi.FfiLibraryError(f"jaxfog.init: {error.value.decode()}")
+    try:
+        local_rank, local_size, machine_rank, machine_size, homogeneous = _machine_layout(comm)
+    except BaseException:
+        lib.jaxfog_release_comm(WORLD_COMM_ID)
+        comm.Free()
+        raise
+    size = comm.Get_size()
+    _state = _State(comm=comm, rank=comm.Get_rank(), size=size, local_rank=local_rank,
+                    local_size=local_size, machine_rank=machine_rank,
+                    machine_size=machine_size, homogeneous=homogeneous, timeout=timeout,
+                    topology=T.exponential(size), machine_topology=T.exponential(machine_size))
+    ffi.register_handlers()
+    if topology is not None:
+        set_topology(topology)
+
+
+@atexit.register
+def shutdown() -> None:
+    """Releases jaxfog's communicators. MPI itself is finalised at exit by mpi4py.
+
+    Safe to call twice; ``init()`` may be called again afterwards.
+    """
+    global _state
+    if _state is None:
+        return
+    state, _state = _state, None
+    from jaxfog import ffi
+
+    ffi.library().jaxfog_release_comm(WORLD_COMM_ID)
+    from mpi4py import MPI
+
+    if not MPI.Is_finalized():
+        state.comm.Free()
+
+
+def is_initialized() -> bool:
+    return _state is not None
+
+
+def rank() -> int:
+    """This process's rank in the world communicator."""
+    return _require().rank
+
+
+def size() -> int:
+    """Number of processes (agents)."""
+    return _require().size
+
+
+def local_rank() -> int:
+    """Rank among the processes on this machine."""
+    return _require().local_rank
+
+
+def local_size() -> int:
+    """Number of processes on this machine."""
+    return _require().local_size
+
+
+def machine_rank() -> int:
+    """Index of this machine (``rank // local_size`` on homogeneous clusters)."""
+    return _require().machine_rank
+
+
+def machine_size() -> int:
+    """Number of machines."""
+    return _require().machine_size
+
+
+def is_homogeneous() -> bool:
+    """True if every machine runs the same number of processes."""
+    return _require().homogeneous
+
+
+def timeout() -> float:
+    """Seconds a communicating op waits for a peer before failing (0: forever)."""
+    return _require().timeout
+
+
+def _as_topology(topology: Any, expected_size: int, what: str) -> T.Topology:
+    if topology is None:
+        return T.exponential(expected_size)
+    if not isinstance(topology, T.Topology):
+        if hasattr(topology, "nodes") and hasattr(topology, "edges"):
+            topology = T.from_networkx(topology)
+        else:
+            raise TypeError(
+                f"{what} expects a jaxfog.topology.Topology or a networkx graph, "
+                f"got {type(topology).__name__}")
+    if topology.size != expected_size:
+        raise ValueError(
+            f"{what}: the topology has {topology.size} nodes but there are "
+            f"{expected_size} {'ranks' if what == 'set_topology' else 'machines'}")
+    return topology
+
+
+def _check_same_everywhere(state: _State, topology: T.Topology, what: str) -> None:
+    """Raises on every rank if ranks passed different topologies."""
+    digest = hashlib.sha1(np.ascontiguousarray(topology.weights).tobytes()).hexdigest()
+    digests = state.comm.allgather(digest)
+    differing = [r for r, d in enumerate(digests) if d != digests[0]]
+    if differing:
+        raise ValueError(
+            f"{what}: ranks {differing} passed a different topology from rank 0; "
+            "every rank must set the same graph")
+
+
+def set_topology(topology: T.Topology | Any | None = None) -> bool:
+    """Sets the global topology used by ops without explicit weights; collective.
+
+    Args:
+      topology: a ``Topology`` (or networkx graph) with ``size()`` nodes, the
+        same on every rank; ``None`` restores ``exponential(size())``.
+
+    Returns:
+      True once set (BlueFog compatible).
+    """
+    state = _require()
+    topology = _as_topology(topology, state.size, "set_topology")
+    _check_same_everywhere(state, topology, "set_topology")
+    state.topology = topology
+    return True
+
+
+def load_topology() -> T.Topology:
+    """The current global topology."""
+    return _require().topology
+
+
+def in_neighbor_ranks() -> list[int]:
+    """Ranks this rank receives from in the current topology."""
+    state = _require()
+    return state.topology.in_neighbors(state.rank)
+
+
+def out_neighbor_ranks() -> list[int]:
+    """Ranks this rank sends to in the current topology."""
+    state = _require()
+    return state.topology.out_neighbors(state.rank)
+
+
+def set_machine_topology(topology: T.Topology | Any | None = None) -> bool:
+    """Sets the machine-level topology used by hierarchical averaging; collective."""
+    state = _require()
+    topology = _as_topology(topology, state.machine_size, "set_machine_topology")
+    _check_same_everywhere(state, topology, "set_machine_topology")
+    state.machine_topology = topology
+    return True
+
+
+def load_machine_topology() -> T.Topology:
+    """The current machine-level topology."""
+    return _require().machine_topology
+
+
+def communicator():
+    """jaxfog's mpi4py communicator (a duplicate of ``COMM_WORLD``)."""
+    return _require().comm

@@ -1,0 +1,188 @@
+"""Build script: the Python package plus the C++ XLA FFI library.
+
+The FFI library (``jaxfog/ffi/libjaxfog_ffi.so``) is compiled against
+jaxlib's FFI headers and an MPI found as follows:
+
+* ``JAXFOG_MPICXX=/path/to/mpicxx``: a system MPI (Open MPI, MPICH, Intel MPI).
+  The ``mpich`` wheel is then not a runtime dependency; install mpi4py against
+  the same MPI.
+* otherwise the ``mpicxx`` of the ``mpich`` wheel in the (build) environment.
+
+CUDA/NCCL are only detected here (``JAXFOG_CUDA_HOME``, ``CUDA_HOME``,
+``CUDA_PATH``, ``/usr/local/cuda``; never derived from where ``nvcc`` is, which
+on some machines is a wrapper script outside the toolkit).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = Path(__file__).resolve().parent
+FFI_DIR = Path("jaxfog") / "ffi"
+FFI_EXT_NAME = "jaxfog.ffi.libjaxfog_ffi"
+FFI_SOURCES = sorted(str(p) for p in FFI_DIR.glob("*.cc"))
+
+
+def _system_mpicxx() -> str | None:
+    return os.environ.get("JAXFOG_MPICXX") or None
+
+
+def _find_mpicxx() -> str:
+    chosen = _system_mpicxx()
+    if chosen:
+        path = shutil.which(chosen)
+        if path is None:
+            raise RuntimeError(f"JAXFOG_MPICXX={chosen!r} is not an executable")
+        return path
+    # The mpich wheel puts its wrappers in this environment's scripts folder;
+    # look there first so a stray system MPI on PATH is not picked by accident.
+    for folder in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        candidate = Path(folder) / "mpicxx"
+        if candidate.exists():
+            return str(candidate)
+    path = shutil.which("mpicxx")
+    if path is None:
+        raise RuntimeError(
+            "no mpicxx found: install the 'mpich' wheel (pip install mpich) or "
+            "point JAXFOG_MPICXX at your MPI's C++ compiler wrapper")
+    return path
+
+
+def _mpi_flags(mpicxx: str) -> list[str]:
+    """Compile and link flags of an MPI wrapper (MPICH -show, Open MPI --showme)."""
+    for option in ("-show", "--showme"):
+        try:
+            out = subprocess.run([mpicxx, option], capture_output=True, text=True,
+                                 check=True, timeout=60).stdout
+        except (subprocess.CalledProcessError, OSError, subprocess.TimeoutExpired):
+            continue
+        words = shlex.split(out)
+        if words:
+            return words[1:]  # drop the underlying compiler
+    raise RuntimeError(f"cannot read compile flags from {mpicxx} (-show / --showme)")
+
+
+def _jaxlib_include() -> str:
+    spec = importlib.util.find_spec("jaxlib")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("jaxlib is needed to build jaxfog (it ships the XLA FFI headers)")
+    include = Path(list(spec.submodule_search_locations)[0]) / "include"
+    if not (include / "xla" / "ffi" / "api" / "ffi.h").exists():
+        raise RuntimeError(f"XLA FFI headers not found under {include}")
+    return str(include)
+
+
+def _detect_cuda_nccl() -> dict:
+    """Where CUDA and NCCL headers are, if anywhere. Absence is not an error."""
+    cuda_home = None
+    for candidate in (os.environ.get("JAXFOG_CUDA_HOME"), os.environ.get("CUDA_HOME"),
+                      os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if candidate and (Path(candidate) / "include" / "cuda_runtime.h").exists():
+            cuda_home = candidate
+            break
+    nccl_include = None
+    for candidate in filter(None, (os.environ.get("JAXFOG_NCCL_HOME"), cuda_home)):
+        if (Path(candidate) / "include" / "nccl.h").exists():
+            nccl_include = str(Path(candidate) / "include")
+            break
+    if nccl_include is None:
+        spec = importlib.util.find_spec("nvidia")
+        for root in (spec.submodule_search_locations if spec else []) or []:
+            header = Path(root) / "nccl" / "include" / "nccl.h"
+            if header.exists():
+                nccl_include = str(header.parent)
+                break
+    return {
+        "cuda_home": cuda_home,
+        "nccl_include": nccl_include,
+        # The NCCL transport is not part of this release; it is never built.
+        "nccl_built": False,
+    }
+
+
+def _split_flags(flags: list[str]) -> dict:
+    parts = {"include_dirs": [], "library_dirs": [], "libraries": [], "link_args": [],
+             "compile_args": []}
+    for flag in flags:
+        if flag.startswith("-I"):
+            parts["include_dirs"].append(flag[2:])
+        elif flag.startswith("-L"):
+            parts["library_dirs"].append(flag[2:])
+        elif flag.startswith("-l"):
+            parts["libraries"].append(flag[2:])
+        elif flag.startswith("-Wl,") or flag in ("-pthread",):
+            parts["link_args"].append(flag)
+        else:
+            parts["compile_args"].append(flag)
+    return parts
+
+
+class BuildFfi(build_ext):
+    """Compiles the FFI library against jaxlib's headers and the chosen MPI."""
+
+    def build_extensions(self) -> None:
+        mpicxx = _find_mpicxx()
+        mpi = _split_flags(_mpi_flags(mpicxx))
+        info = {"mpicxx": mpicxx, "system_mpi": _system_mpicxx() is not None,
+                "mpi_flags": _mpi_flags(mpicxx), **_detect_cuda_nccl()}
+        generated = Path(self.build_temp) / "generated"
+        generated.mkdir(parents=True, exist_ok=True)
+        # Baked into the library so that it travels with it (editable or not).
+        (generated / "build_info.h").write_text(
+            "#define JAXFOG_BUILD_INFO " + json.dumps(json.dumps(info)) + "\n")
+        for ext in self.extensions:
+            ext.include_dirs += [str(generated), *mpi["include_dirs"]]
+            ext.library_dirs += mpi["library_dirs"]
+            ext.libraries += mpi["libraries"]
+            # -isystem: jaxlib's headers are not ours to warn about.
+            ext.extra_compile_args += ["-std=c++17", "-O3", "-fvisibility=hidden", "-Wall",
+                                       "-isystem", _jaxlib_include(), *mpi["compile_args"]]
+            ext.extra_link_args += mpi["link_args"]
+        super().build_extensions()
+
+    def get_ext_filename(self, fullname: str) -> str:
+        # Called with the full dotted name and with its last part alone.
+        *package, name = fullname.split(".")
+        if name == FFI_EXT_NAME.rsplit(".", 1)[1]:
+            # A plain shared library loaded with ctypes, not a Python module.
+            return os.path.join(*package, name + ".so")
+        return super().get_ext_filename(fullname)
+
+
+def _install_requires() -> list[str]:
+    requires = ["jax>=0.5", "jaxlib>=0.5", "numpy>=1.24", "mpi4py>=4.0"]
+    if _system_mpicxx() is None:
+        requires.append("mpich")
+    return requires
+
+
+setup(
+    name="jaxfog",
+    version="0.1.0",
+    description="Decentralized optimization for JAX: neighbor averaging as XLA FFI custom calls over MPI",
+    long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["jaxfog", "jaxfog.*"]),
+    package_data={"jaxfog": ["py.typed"], "jaxfog.ffi": ["*.h", "*.cc"]},
+    ext_modules=[Extension(FFI_EXT_NAME, sources=FFI_SOURCES, language="c++",
+                           depends=[str(p) for p in FFI_DIR.glob("*.h")])],
+    cmdclass={"build_ext": BuildFfi},
+    install_requires=_install_requires(),
+    extras_require={
+        "demo": ["matplotlib", "networkx"],
+        "test": ["pytest>=7", "matplotlib", "networkx", "scipy"],
+    },
+    entry_points={"console_scripts": ["jaxfog=jaxfog.cli:main"]},
+)
