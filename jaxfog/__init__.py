@@ -4,8 +4,10 @@ Neighbor averaging and collectives as XLA FFI custom calls over MPI, BlueFog's
 topologies, and one program that runs as n MPI processes (``jaxfog run``).
 """
 
+import importlib
+from typing import Any
+
 from jaxfog import topology
-from jaxfog.ops import barrier
 from jaxfog.runtime import (
     NotInitializedError,
     in_neighbor_ranks,
@@ -27,6 +29,17 @@ from jaxfog.runtime import (
 )
 
 __version__ = "0.1.0"
+
+# Names that need JAX, imported on first use so that `import jaxfog` (and the
+# `jaxfog run` launcher) stays light.
+_LAZY = {"barrier": "jaxfog.ops", "ops": "jaxfog.ops"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name])
+        return module if name == "ops" else getattr(module, name)
+    raise AttributeError(f"module 'jaxfog' has no attribute {name!r}")
 
 __all__ = [
     "NotInitializedError", "barrier", "in_neighbor_ranks", "init", "is_homogeneous",

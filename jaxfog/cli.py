@@ -1,0 +1,120 @@
+"""The ``jaxfog`` command: ``run``, ``exec``, ``info``, ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import Sequence
+
+
+def _run(args: argparse.Namespace) -> int:
+    from jaxfog import launcher
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    try:
+        return launcher.run(command, args.np, hosts=args.hosts, hostfile=args.hostfile,
+                            mpi_args=shlex.split(args.mpi_args or ""),
+                            dry_run=args.dry_run)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"jaxfog run: {err}", file=sys.stderr)
+        return 2
+
+
+def _exec(args: argparse.Namespace) -> int:
+    from jaxfog import launcher
+
+    launcher.exec_rank(args.command)
+    return 0  # not reached: exec replaced the process
+
+
+def info_lines() -> list[str]:
+    """What ``jaxfog info`` prints, one line per fact."""
+    import jax
+    import jaxlib
+
+    import jaxfog
+    from jaxfog import ffi
+
+    lines = [f"jaxfog {jaxfog.__version__}", f"jax {jax.__version__}",
+             f"jaxlib {jaxlib.__version__}"]
+    try:
+        lib = ffi.library()
+        from mpi4py import MPI
+
+        levels = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED:
+                  "MPI_THREAD_FUNNELED", MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED",
+                  MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE"}
+        build = ffi.build_info()
+        version = ffi.mpi_library_version().splitlines()
+        lines += [
+            f"MPI library: {version[0] if version else '?'}",
+            f"MPI thread level: {levels.get(lib.jaxfog_mpi_query_thread(), '?')}",
+            f"mpi4py {MPI.get_vendor()[0]} {'.'.join(map(str, MPI.get_vendor()[1]))} "
+            f"(mpi4py {__import__('mpi4py').__version__})",
+            f"FFI library: {ffi.LIBRARY_PATH}",
+            f"built with: {build.get('mpicxx')}"
+            + (" (system MPI)" if build.get("system_mpi") else " (mpich wheel)"),
+            f"NCCL support built: {'yes' if build.get('nccl_built') else 'no'}"
+            f" (CUDA headers: {build.get('cuda_home') or 'not found'}; "
+            f"NCCL headers: {build.get('nccl_include') or 'not found'})",
+        ]
+    except ImportError as err:
+        lines.append(f"FFI library: NOT USABLE: {err}")
+    return lines
+
+
+def _info(args: argparse.Namespace) -> int:
+    print("\n".join(info_lines()))
+    return 0
+
+
+def _demo(argv: Sequence[str]) -> int:
+    from jaxfog import demo
+
+    return demo.main(list(argv)) or 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="jaxfog", description=__doc__)
+    commands = top.add_subparsers(dest="subcommand", required=True)
+
+    run = commands.add_parser(
+        "run", help="launch COMMAND on N MPI ranks (wraps mpiexec)",
+        description="Launch COMMAND on N ranks with the installed MPI's mpiexec "
+                    "(MPICH/hydra or Open MPI), forwarding the environment, one GPU per "
+                    "local rank when GPUs exist, and one XLA CPU thread per rank when "
+                    "ranks outnumber cores.")
+    run.add_argument("-np", "-n", dest="np", type=int, required=True, help="number of ranks")
+    run.add_argument("-H", "--hosts", help="host:slots,... (e.g. node1:4,node2:4)")
+    run.add_argument("--hostfile", help="MPI hostfile")
+    run.add_argument("--mpi-args", help="extra mpiexec arguments, one quoted string")
+    run.add_argument("--dry-run", action="store_true", help="print the mpiexec command only")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+    run.set_defaults(handler=_run)
+
+    exec_ = commands.add_parser(
+        "exec", help="per-rank set-up then exec COMMAND (for srun or a plain mpiexec)")
+    exec_.add_argument("command", nargs=argparse.REMAINDER)
+    exec_.set_defaults(handler=_exec)
+
+    info = commands.add_parser("info", help="versions, MPI library, FFI library, NCCL")
+    info.set_defaults(handler=_info)
+
+    # Its options belong to jaxfog.demo's own parser (see main()).
+    commands.add_parser("demo", help="consensus speed of the built-in graphs (jaxfog demo -h)")
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:
+        return _demo(argv[1:])
+    args = parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
