@@ -1,0 +1,112 @@
+"""Running test bodies on several MPI ranks from a plain pytest process.
+
+``run_mpi(nprocs, file, function)`` launches ``jaxfog run``'s mpiexec command
+with ``python -m jaxfog.testing FILE FUNCTION`` in every rank, under a
+timeout, so a deadlock fails in seconds instead of hanging the suite. In the
+ranks, :func:`main` imports FILE, calls FUNCTION (or its ``mpi_body``), and on
+an exception prints the rank's traceback, gives the other ranks a moment to
+report theirs, then aborts the job so that ranks stuck waiting for the failed
+one do not hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from jaxfog import launcher
+
+#: Seconds a failed rank waits for the others to fail too before aborting.
+FAILURE_GRACE_SECONDS = 3.0
+
+
+@dataclasses.dataclass
+class MpiResult:
+    command: list[str]
+    returncode: int | None  # None: killed at the timeout
+    output: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def report(self) -> str:
+        status = ("timed out (killed)" if self.returncode is None
+                  else f"exit status {self.returncode}")
+        return (f"{' '.join(self.command)}\n{status} after {self.seconds:.1f} s; "
+                f"output of all ranks:\n{self.output}")
+
+
+def run_mpi(nprocs: int, file: str | os.PathLike, function: str, *, timeout: float = 120,
+            env: Mapping[str, str] | None = None) -> MpiResult:
+    """Runs ``function`` from ``file`` on ``nprocs`` ranks; never hangs past ``timeout``."""
+    full_env = {**os.environ, "JAXFOG_TIMEOUT": "30", "PYTHONUNBUFFERED": "1",
+                "JAX_PLATFORMS": "cpu", **(env or {})}
+    command = launcher.build_command(
+        [sys.executable, "-m", "jaxfog.testing", str(Path(file).resolve()), function],
+        nprocs, env=full_env)
+    start = time.monotonic()
+    process = subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        returncode: int | None = process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        returncode = None
+    return MpiResult(command, returncode, output, time.monotonic() - start)
+
+
+def _load(file: str):
+    path = Path(file)
+    sys.path.insert(0, str(path.parent))  # the test's helpers sit beside it
+    spec = importlib.util.spec_from_file_location(f"_jaxfog_mpi_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fail(rank: int, error: BaseException) -> None:
+    from mpi4py import MPI
+
+    text = "".join(traceback.format_exception(error))
+    sys.stderr.write(f"===== rank {rank} failed =====\n{text}")
+    sys.stderr.flush()
+    # Let ranks failing the same way print theirs; then end ranks stuck waiting.
+    request = MPI.COMM_WORLD.Ibarrier()
+    deadline = time.monotonic() + FAILURE_GRACE_SECONDS
+    while not request.Test():
+        if time.monotonic() > deadline:
+            MPI.COMM_WORLD.Abort(1)
+        time.sleep(0.01)
+    sys.exit(1)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    file, function = (sys.argv[1:] if argv is None else argv)
+    target = getattr(_load(file), function)
+    body = getattr(target, "mpi_body", target)
+    try:
+        body()
+    except BaseException as error:  # noqa: BLE001 (report every failure, then abort)
+        from mpi4py import MPI
+
+        _fail(MPI.COMM_WORLD.Get_rank(), error)
+    from mpi4py import MPI
+
+    # Every rank leaves together, so none finalizes while a peer still works.
+    MPI.COMM_WORLD.Barrier()
+
+
+if __name__ == "__main__":
+    main()
