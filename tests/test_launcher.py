@@ -1,0 +1,111 @@
+"""`jaxfog run`: the mpiexec command it builds, the per-rank set-up, and a real launch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxfog import launcher
+
+SHIM = str(Path(launcher.__file__).resolve())
+
+
+def test_hydra_command():
+    args = launcher.build_command(["python", "train.py", "--lr", "0.1"], 4,
+                                  hosts="a:2,b:2", mpi_args=["-bind-to", "core"],
+                                  mpiexec="/x/mpiexec", flavour="hydra", env={})
+    assert args == ["/x/mpiexec", "-n", "4", "-genvall", "-hosts", "a:2,b:2",
+                    "-bind-to", "core", sys.executable, SHIM,
+                    "python", "train.py", "--lr", "0.1"]
+    args = launcher.build_command(["a.out"], 2, hostfile="hosts.txt", mpiexec="/x/mpiexec",
+                                  flavour="hydra", env={}, rank_shim=False)
+    assert args == ["/x/mpiexec", "-n", "2", "-genvall", "-f", "hosts.txt", "a.out"]
+
+
+def test_openmpi_command_forwards_environment():
+    env = {"PATH": "/bin", "JAXFOG_TIMEOUT": "5", "BASH_FUNC_x%%": "() {}", "PWD": "/"}
+    args = launcher.build_command(["python", "t.py"], 2, hosts="n1:1,n2:1",
+                                  mpiexec="/o/mpiexec", flavour="openmpi", env=env)
+    assert args[:5] == ["/o/mpiexec", "-n", "2", "-H", "n1:1,n2:1"]
+    forwarded = [args[i + 1] for i, a in enumerate(args) if a == "-x"]
+    assert forwarded == ["JAXFOG_TIMEOUT", "PATH"]
+    assert ("--allow-run-as-root" in args) == (os.geteuid() == 0)
+    assert "--oversubscribe" not in args  # hosts were given
+    local = launcher.build_command(["t"], 1000, mpiexec="/o/mpiexec", flavour="openmpi",
+                                   env={})
+    assert "--oversubscribe" in local
+    assert args[-4:] == [sys.executable, SHIM, "python", "t.py"]
+
+
+@pytest.mark.parametrize("np_, command, message", [
+    (0, ["python"], "-np must be >= 1"),
+    (2, [], "no command to run"),
+])
+def test_bad_arguments(np_, command, message):
+    with pytest.raises(ValueError, match=message):
+        launcher.build_command(command, np_, mpiexec="/x/mpiexec", flavour="hydra", env={})
+
+
+def test_missing_mpiexec_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="JAXFOG_MPIEXEC='/nope/mpiexec'"):
+        launcher.find_mpiexec({"JAXFOG_MPIEXEC": "/nope/mpiexec"})
+
+
+def test_installed_mpiexec_is_hydra():
+    assert launcher.mpi_flavour(launcher.find_mpiexec()) == "hydra"
+
+
+@pytest.mark.parametrize("env, rank_size", [
+    ({"MPI_LOCALRANKID": "3", "MPI_LOCALNRANKS": "4"}, (3, 4)),
+    ({"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, (1, 2)),
+    ({"SLURM_LOCALID": "5", "SLURM_TASKS_PER_NODE": "8(x2)"}, (5, 8)),
+    ({}, (0, 1)),
+])
+def test_local_rank_from_launchers(env, rank_size):
+    assert launcher.local_rank_and_size(env) == rank_size
+
+
+def test_one_gpu_per_local_rank():
+    env = {"MPI_LOCALRANKID": "3", "MPI_LOCALNRANKS": "4", "CUDA_VISIBLE_DEVICES": "4,5,6"}
+    assert launcher.rank_environment(env, cores=64)["CUDA_VISIBLE_DEVICES"] == "4"
+    env["MPI_LOCALRANKID"] = "1"
+    assert launcher.rank_environment(env, cores=64)["CUDA_VISIBLE_DEVICES"] == "5"
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    assert "CUDA_VISIBLE_DEVICES" not in launcher.rank_environment(env, cores=64)
+
+
+def test_cpu_threads_capped_only_when_oversubscribed():
+    env = {"MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "4", "CUDA_VISIBLE_DEVICES": ""}
+    assert launcher.rank_environment(env, cores=4) == {}
+    capped = launcher.rank_environment(env, cores=2)
+    assert capped["XLA_FLAGS"] == ("--xla_cpu_multi_thread_eigen=false "
+                                   "intra_op_parallelism_threads=1")
+    assert capped["OMP_NUM_THREADS"] == "1"
+    env["XLA_FLAGS"] = "--xla_dump_to=/tmp/d"
+    assert launcher.rank_environment(env, cores=2)["XLA_FLAGS"].startswith(
+        "--xla_dump_to=/tmp/d --xla_cpu_multi_thread_eigen=false")
+
+
+def test_jaxfog_run_end_to_end():
+    """Three real ranks: environment forwarded, ranks distinct, threads capped."""
+    code = ("import os, jaxfog as jf; jf.init(); "
+            "print('rank', jf.rank(), jf.size(), os.environ['MY_SETTING'], "
+            "os.environ.get('OMP_NUM_THREADS'))")
+    env = {**os.environ, "MY_SETTING": "forwarded"}
+    out = subprocess.run([sys.executable, "-m", "jaxfog.cli", "run", "-np", "3",
+                          sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank"))
+    capped = "1" if 3 > len(os.sched_getaffinity(0)) else "None"
+    assert lines == [f"rank {r} 3 forwarded {capped}" for r in range(3)]
+
+
+def test_jaxfog_run_reports_bad_usage():
+    out = subprocess.run([sys.executable, "-m", "jaxfog.cli", "run", "-np", "0", "true"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "-np must be >= 1" in out.stderr
