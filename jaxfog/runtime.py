@@ -132,15 +132,15 @@ def init(topology: T.Topology | Any | None = None) -> None:
     import mpi4py
 
     mpi4py.rc.thread_level = "multiple"
+    from jaxfog import ffi
+
+    lib = ffi.library()  # before mpi4py.MPI: it decides which libmpi mpi4py uses
     from mpi4py import MPI
 
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         warnings.warn(
             "MPI was initialised without MPI_THREAD_MULTIPLE (before jaxfog.init()); "
             "communicating ops may run from several XLA threads", RuntimeWarning)
-    from jaxfog import ffi
-
-    lib = ffi.library()
     timeout = _timeout_from_env()
     comm = MPI.COMM_WORLD.Dup()
     comm.Set_name("jaxfog")

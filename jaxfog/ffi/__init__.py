@@ -1,8 +1,11 @@
 """Loading the compiled FFI library and registering its handlers with XLA.
 
-The library links the MPI that ``mpi4py`` loads (same soname); mpi4py is
-imported first so that the dynamic loader reuses that very ``libmpi`` instead
-of looking for one through the build-time rpath.
+Both this library and ``mpi4py`` must use one and the same ``libmpi``. When
+mpi4py is not loaded yet, the library is opened with ``RTLD_GLOBAL``: its
+``libmpi`` (found through the build-time rpath, e.g. a system Open MPI) becomes
+globally visible and mpi4py adopts it. If that rpath is gone (a wheel built in
+pip's temporary build environment), mpi4py loads its MPI first and the loader
+reuses it for this library by soname. Either way a version check follows.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +46,16 @@ def library() -> ctypes.CDLL:
         raise FfiLibraryError(
             f"jaxfog's FFI library is not built ({LIBRARY_PATH} is missing); "
             "install jaxfog with 'pip install .' or 'pip install -e .' from the source tree")
-    from mpi4py import MPI  # noqa: F401  (loads libmpi first, see module docstring)
+    lib = None
+    if "mpi4py.MPI" not in sys.modules:
+        try:
+            lib = ctypes.CDLL(str(LIBRARY_PATH), mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            pass  # its libmpi is not where it was built: let mpi4py find one
+    from mpi4py import MPI  # noqa: F401
 
-    lib = ctypes.CDLL(str(LIBRARY_PATH))
+    if lib is None:
+        lib = ctypes.CDLL(str(LIBRARY_PATH))
     lib.jaxfog_register_mpi_comm.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_double,
                                              ctypes.c_char_p, ctypes.c_int]
     lib.jaxfog_register_mpi_comm.restype = ctypes.c_int
@@ -67,9 +78,12 @@ def mpi_library_version() -> str:
 def _check_same_mpi(lib: ctypes.CDLL) -> None:
     from mpi4py import MPI
 
-    ours = _string(lib.jaxfog_mpi_library_version).strip()
-    theirs = MPI.Get_library_version().strip()
-    if ours != theirs:
+    def normal(text: str) -> str:  # some MPIs pad the string with NULs
+        return " ".join(text.replace("\0", " ").split())
+
+    ours = _string(lib.jaxfog_mpi_library_version)
+    theirs = MPI.Get_library_version()
+    if normal(ours) != normal(theirs):
         raise FfiLibraryError(
             "jaxfog's FFI library and mpi4py use different MPI libraries:\n"
             f"  jaxfog: {ours.splitlines()[0] if ours else '?'}\n"
