@@ -134,7 +134,7 @@ class BuildFfi(build_ext):
     def build_extensions(self) -> None:
         mpicxx = _find_mpicxx()
         mpi = _split_flags(_mpi_flags(mpicxx))
-        info = {"mpicxx": mpicxx, "system_mpi": _system_mpicxx() is not None,
+        info = {"builder": "setuptools", "mpicxx": mpicxx, "system_mpi": _system_mpicxx() is not None,
                 "mpi_flags": _mpi_flags(mpicxx), **_detect_cuda_nccl()}
         generated = Path(self.build_temp) / "generated"
         generated.mkdir(parents=True, exist_ok=True)

@@ -55,8 +55,9 @@ def info_lines() -> list[str]:
             f"mpi4py {MPI.get_vendor()[0]} {'.'.join(map(str, MPI.get_vendor()[1]))} "
             f"(mpi4py {__import__('mpi4py').__version__})",
             f"FFI library: {ffi.LIBRARY_PATH}",
-            f"built with: {build.get('mpicxx')}"
-            + (" (system MPI)" if build.get("system_mpi") else " (mpich wheel)"),
+            "built with: " + ("bazel" if build.get("builder") == "bazel" else
+                              f"{build.get('mpicxx')} ("
+                              f"{'system MPI' if build.get('system_mpi') else 'mpich wheel'})"),
             f"NCCL support built: {'yes' if build.get('nccl_built') else 'no'}"
             f" (CUDA headers: {build.get('cuda_home') or 'not found'}; "
             f"NCCL headers: {build.get('nccl_include') or 'not found'})",
