@@ -8,19 +8,80 @@ import sys
 from typing import Sequence
 
 
-def _run(args: argparse.Namespace) -> int:
+# Options of `jaxfog run` that take a value; everything else starting with "-"
+# before the command is handed to mpiexec.
+_RUN_VALUE_OPTIONS = ("-np", "-n", "-H", "--hosts", "--hostfile", "--mpi-args")
+_RUN_FLAGS = ("--dry-run", "-h", "--help")
+
+
+def split_run_argv(argv: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """Splits ``jaxfog run``'s arguments into (its options, mpiexec's, the command).
+
+    The command starts after ``--`` or at the first word that is neither an
+    option nor an option's value. Unknown options before it go to mpiexec; one
+    that takes a value must then be written ``--opt=value``, passed with
+    ``--mpi-args``, or placed before ``--``.
+    """
+    argv = list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        head, command = argv[:cut], argv[cut + 1:]
+    else:
+        head, command = argv, []
+    ours: list[str] = []
+    passthrough: list[str] = []
+    i = 0
+    while i < len(head):
+        word = head[i]
+        if word in _RUN_VALUE_OPTIONS:
+            ours += head[i:i + 2]
+            i += 2
+        elif word.split("=")[0] in _RUN_VALUE_OPTIONS or word in _RUN_FLAGS:
+            ours.append(word)
+            i += 1
+        elif word.startswith("-"):
+            passthrough.append(word)
+            i += 1
+        elif "--" in argv:  # a value of an mpiexec option, e.g. "--bind-to core --"
+            passthrough.append(word)
+            i += 1
+        else:
+            command = head[i:]
+            break
+    return ours, passthrough, command
+
+
+def _run(argv: Sequence[str]) -> int:
     from jaxfog import launcher
 
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    ours, passthrough, command = split_run_argv(argv)
+    args = _run_parser().parse_args(ours)
     try:
         return launcher.run(command, args.np, hosts=args.hosts, hostfile=args.hostfile,
-                            mpi_args=shlex.split(args.mpi_args or ""),
+                            mpi_args=passthrough + shlex.split(args.mpi_args or ""),
                             dry_run=args.dry_run)
     except (ValueError, FileNotFoundError) as err:
         print(f"jaxfog run: {err}", file=sys.stderr)
         return 2
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    run = argparse.ArgumentParser(
+        prog="jaxfog run",
+        usage="jaxfog run -np N [-H host:slots,...] [--hostfile F] [mpiexec options] "
+              "[--] COMMAND [ARGS...]",
+        description="Launch COMMAND on N ranks with the installed MPI's mpiexec "
+                    "(MPICH/hydra or Open MPI), forwarding the environment, one GPU per "
+                    "local rank when GPUs exist, and one XLA CPU thread per rank when "
+                    "ranks outnumber cores. Other options before COMMAND go to mpiexec "
+                    "(write a valued one as --opt=value, or put all mpiexec options "
+                    "before a '--').")
+    run.add_argument("-np", "-n", dest="np", type=int, required=True, help="number of ranks")
+    run.add_argument("-H", "--hosts", help="host:slots,... (e.g. node1:4,node2:4)")
+    run.add_argument("--hostfile", help="MPI hostfile")
+    run.add_argument("--mpi-args", help="extra mpiexec arguments, one quoted string")
+    run.add_argument("--dry-run", action="store_true", help="print the mpiexec command only")
+    return run
 
 
 def _exec(args: argparse.Namespace) -> int:
@@ -82,20 +143,9 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="jaxfog", description=__doc__)
     commands = top.add_subparsers(dest="subcommand", required=True)
 
-    run = commands.add_parser(
-        "run", help="launch COMMAND on N MPI ranks (wraps mpiexec)",
-        description="Launch COMMAND on N ranks with the installed MPI's mpiexec "
-                    "(MPICH/hydra or Open MPI), forwarding the environment, one GPU per "
-                    "local rank when GPUs exist, and one XLA CPU thread per rank when "
-                    "ranks outnumber cores.")
-    run.add_argument("-np", "-n", dest="np", type=int, required=True, help="number of ranks")
-    run.add_argument("-H", "--hosts", help="host:slots,... (e.g. node1:4,node2:4)")
-    run.add_argument("--hostfile", help="MPI hostfile")
-    run.add_argument("--mpi-args", help="extra mpiexec arguments, one quoted string")
-    run.add_argument("--dry-run", action="store_true", help="print the mpiexec command only")
-    run.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
-    run.set_defaults(handler=_run)
-
+    # `run` and `demo` parse their own arguments (see main()).
+    commands.add_parser("run", help="launch COMMAND on N MPI ranks (wraps mpiexec); "
+                                    "jaxfog run -h")
     exec_ = commands.add_parser(
         "exec", help="per-rank set-up then exec COMMAND (for srun or a plain mpiexec)")
     exec_.add_argument("command", nargs=argparse.REMAINDER)
@@ -104,7 +154,6 @@ def parser() -> argparse.ArgumentParser:
     info = commands.add_parser("info", help="versions, MPI library, FFI library, NCCL")
     info.set_defaults(handler=_info)
 
-    # Its options belong to jaxfog.demo's own parser (see main()).
     commands.add_parser("demo", help="consensus speed of the built-in graphs (jaxfog demo -h)")
     return top
 
@@ -113,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:
         return _demo(argv[1:])
+    if argv[:1] == ["run"]:
+        return _run(argv[1:])
     args = parser().parse_args(argv)
     return args.handler(args)
 

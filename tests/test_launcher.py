@@ -109,3 +109,27 @@ def test_jaxfog_run_reports_bad_usage():
     out = subprocess.run([sys.executable, "-m", "jaxfog.cli", "run", "-np", "0", "true"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "-np must be >= 1" in out.stderr
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["-np", "4", "python", "t.py", "-v"], (["-np", "4"], [], ["python", "t.py", "-v"])),
+    (["-np", "2", "-prepend-rank", "--dry-run", "a.out"],
+     (["-np", "2", "--dry-run"], ["-prepend-rank"], ["a.out"])),
+    (["-n", "2", "-bind-to", "core", "--", "python", "--", "x"],
+     (["-n", "2"], ["-bind-to", "core"], ["python", "--", "x"])),
+    (["--hosts=a:2", "-np", "3", "--map-by=node", "prog"],
+     (["--hosts=a:2", "-np", "3"], ["--map-by=node"], ["prog"])),
+])
+def test_run_arguments_split(argv, expected):
+    from jaxfog.cli import split_run_argv
+
+    assert split_run_argv(argv) == expected
+
+
+def test_mpiexec_options_reach_mpiexec(capsys):
+    from jaxfog.cli import main
+
+    assert main(["run", "-np", "2", "-prepend-rank", "--dry-run", "python", "x.py"]) == 0
+    words = capsys.readouterr().out.split()
+    assert words[1:5] == ["-n", "2", "-genvall", "-prepend-rank"]
+    assert words[-2:] == ["python", "x.py"]
