@@ -24,15 +24,13 @@ ffi::Error SizeImpl(int64_t comm_id, ffi::Result<ffi::BufferR0<ffi::S32>> out) {
   return ffi::Error::Success();
 }
 
-// Barrier. The int32 operand/result pair is a sequencing value: threading it
-// from one op to the next fixes their order in the compiled program.
-ffi::Error BarrierImpl(int64_t comm_id, ffi::BufferR0<ffi::S32> order_in,
-                       ffi::Result<ffi::BufferR0<ffi::S32>> order_out) {
+// Barrier. Like every communicating handler it takes and returns the token
+// of jaxfog's ordered effect, which fixes the order of all communication in
+// the compiled program, identically on every rank.
+ffi::Error BarrierImpl(int64_t comm_id, ffi::Token, ffi::Result<ffi::Token>) {
   ffi::ErrorOr<Transport*> transport = LookupTransport(comm_id);
   if (transport.has_error()) return transport.error();
-  if (ffi::Error err = (*transport)->Barrier(); !err.success()) return err;
-  order_out->typed_data()[0] = order_in.typed_data()[0] + 1;
-  return ffi::Error::Success();
+  return (*transport)->Barrier();
 }
 
 }  // namespace
@@ -54,7 +52,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_size, jaxfog::SizeImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_barrier, jaxfog::BarrierImpl,
                               xla::ffi::Ffi::Bind()
                                   .Attr<int64_t>("comm_id")
-                                  .Arg<xla::ffi::BufferR0<xla::ffi::S32>>()
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>());
+                                  .Arg<xla::ffi::Token>()
+                                  .Ret<xla::ffi::Token>());
 
 #pragma GCC visibility pop

@@ -1,7 +1,7 @@
 """Process-level ops: barrier and rank/size queries as XLA custom calls.
 
-They work eagerly and inside ``jax.jit``; being side-effecting custom calls,
-XLA never removes them even when their results are unused.
+They work eagerly and inside ``jax.jit``. The barrier carries jaxfog's ordered
+communication effect, so it keeps its place among the other communicating ops.
 """
 
 from __future__ import annotations
@@ -9,36 +9,57 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import core
+from jax._src.interpreters import mlir
 
 from jaxfog import ffi, runtime
+from jaxfog.ops._effect import comm_effect, lower_comm_call
 
 _SCALAR_I32 = jax.ShapeDtypeStruct((), jnp.int32)
 
 
-def _call(target: str, *operands, **attrs):
+def _query(target: str) -> jax.Array:
     runtime._require()  # clear error before any tracing if init() was not called
     ffi.register_handlers()
-    return jax.ffi.ffi_call(target, _SCALAR_I32, has_side_effect=True)(
-        *operands, comm_id=np.int64(runtime.WORLD_COMM_ID), **attrs)
+    return jax.ffi.ffi_call(target, _SCALAR_I32)(comm_id=np.int64(runtime.WORLD_COMM_ID))
 
 
 def comm_rank() -> jax.Array:
     """This process's rank, computed by the FFI library (an int32 scalar array)."""
-    return _call("jaxfog_rank")
+    return _query("jaxfog_rank")
 
 
 def comm_size() -> jax.Array:
     """The world size, computed by the FFI library (an int32 scalar array)."""
-    return _call("jaxfog_size")
+    return _query("jaxfog_size")
+
+
+barrier_p = core.Primitive("jaxfog_barrier")
+barrier_p.multiple_results = True
+barrier_p.def_effectful_abstract_eval(lambda *, comm_id: ([], {comm_effect}))
+
+
+@barrier_p.def_impl
+def _barrier_impl(*, comm_id: int):
+    # Eagerly: run the compiled barrier and wait for it, so that barrier()
+    # returns only once every rank has arrived.
+    out = jax.jit(barrier_p.bind, static_argnames="comm_id")(comm_id=comm_id)
+    jax.effects_barrier()
+    return out
+
+mlir.register_lowering(
+    barrier_p, lambda ctx, *, comm_id: lower_comm_call(ctx, "jaxfog_barrier", [],
+                                                        {"comm_id": comm_id}),
+    platform="cpu")
 
 
 def barrier() -> None:
     """Blocks until every rank has reached the barrier.
 
-    Eagerly it returns once all ranks arrived. Inside ``jax.jit`` it is a
-    side-effecting custom call executed when the compiled function runs. A rank
-    that never arrives makes the others fail after ``JAXFOG_TIMEOUT`` seconds.
+    Eagerly it returns once all ranks arrived. Inside ``jax.jit`` it runs, in
+    order with the other communicating ops, when the compiled function runs. A
+    rank that never arrives makes the others fail after ``JAXFOG_TIMEOUT`` seconds.
     """
-    out = _call("jaxfog_barrier", jnp.zeros((), jnp.int32))
-    if not isinstance(out, jax.core.Tracer):
-        out.block_until_ready()
+    runtime._require()
+    ffi.register_handlers()
+    barrier_p.bind(comm_id=runtime.WORLD_COMM_ID)
