@@ -32,7 +32,9 @@ __version__ = "0.1.0"
 
 # Names that need JAX, imported on first use so that `import jaxfog` (and the
 # `jaxfog run` launcher) stays light.
-_LAZY = {"barrier": "jaxfog.ops", "ops": "jaxfog.ops"}
+_OPS = ("allgather", "allreduce", "barrier", "broadcast", "hierarchical_neighbor_allreduce",
+        "neighbor_allgather", "neighbor_allreduce")
+_LAZY = {"ops": "jaxfog.ops", **{name: "jaxfog.ops" for name in _OPS}}
 
 
 def __getattr__(name: str) -> Any:
@@ -41,8 +43,9 @@ def __getattr__(name: str) -> Any:
         return module if name == "ops" else getattr(module, name)
     raise AttributeError(f"module 'jaxfog' has no attribute {name!r}")
 
+
 __all__ = [
-    "NotInitializedError", "barrier", "in_neighbor_ranks", "init", "is_homogeneous",
+    "NotInitializedError", *_OPS, "in_neighbor_ranks", "init", "is_homogeneous",
     "is_initialized", "load_machine_topology", "load_topology", "local_rank", "local_size",
     "machine_rank", "machine_size", "out_neighbor_ranks", "rank", "set_machine_topology",
     "set_topology", "shutdown", "size", "topology",

@@ -33,9 +33,15 @@ NODES_PER_MACHINE_ENV = ("JAXFOG_NODES_PER_MACHINE", "BLUEFOG_NODES_PER_MACHINE"
 #: Seconds a communicating op may wait for a peer before failing; 0 disables.
 TIMEOUT_ENV = "JAXFOG_TIMEOUT"
 DEFAULT_TIMEOUT_SECONDS = 600.0
+#: Largest single MPI message; bigger ones travel in pieces (MPI counts are ints).
+MAX_MESSAGE_ENV = "JAXFOG_MAX_MESSAGE_BYTES"
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 
-# Communicator id of the world duplicate in the C++ registry.
+# Communicator ids in the C++ registry: the world duplicate, the ranks of this
+# machine, and the machines' local rank 0s (registered on those ranks only).
 WORLD_COMM_ID = 0
+LOCAL_COMM_ID = 1
+LEADERS_COMM_ID = 2
 
 
 class NotInitializedError(RuntimeError):
@@ -45,6 +51,7 @@ class NotInitializedError(RuntimeError):
 @dataclasses.dataclass
 class _State:
     comm: Any  # mpi4py.MPI.Intracomm, duplicate of COMM_WORLD
+    comms: dict  # registered communicators by id (world, local, leaders)
     rank: int
     size: int
     local_rank: int
@@ -79,6 +86,15 @@ def _timeout_from_env() -> float:
     if value < 0:
         raise ValueError(f"{TIMEOUT_ENV}={text!r} must be >= 0 (0 disables the timeout)")
     return value
+
+
+def _max_message_from_env() -> int:
+    text = os.environ.get(MAX_MESSAGE_ENV, "")
+    if not text:
+        return DEFAULT_MAX_MESSAGE_BYTES
+    if not text.isdigit() or not 1 <= int(text) < 2**31:
+        raise ValueError(f"{MAX_MESSAGE_ENV}={text!r} must be an integer in [1, 2**31)")
+    return int(text)
 
 
 def _faked_nodes_per_machine(size: int) -> int | None:
@@ -116,6 +132,14 @@ def _machine_layout(comm) -> tuple[int, int, int, int, bool]:
             len(set(local_sizes)) == 1)
 
 
+def _register(lib, comm_id: int, comm, timeout: float, max_message: int) -> None:
+    from jaxfog import ffi
+
+    error = ffi.ctypes.create_string_buffer(1024)
+    if lib.jaxfog_register_mpi_comm(comm_id, comm.py2f(), timeout, max_message, error, 1024):
+        raise ffi.FfiLibraryError(f"jaxfog.init: {error.value.decode()}")
+
+
 def init(topology: T.Topology | Any | None = None) -> None:
     """Initialises MPI and jaxfog; collective over all ranks.
 
@@ -141,21 +165,25 @@ def init(topology: T.Topology | Any | None = None) -> None:
         warnings.warn(
             "MPI was initialised without MPI_THREAD_MULTIPLE (before jaxfog.init()); "
             "communicating ops may run from several XLA threads", RuntimeWarning)
-    timeout = _timeout_from_env()
+    timeout, max_message = _timeout_from_env(), _max_message_from_env()
     comm = MPI.COMM_WORLD.Dup()
     comm.Set_name("jaxfog")
-    error = ffi.ctypes.create_string_buffer(1024)
-    if lib.jaxfog_register_mpi_comm(WORLD_COMM_ID, comm.py2f(), timeout, error, 1024):
-        comm.Free()
-        raise ffi.FfiLibraryError(f"jaxfog.init: {error.value.decode()}")
+    comms = {WORLD_COMM_ID: comm}
     try:
         local_rank, local_size, machine_rank, machine_size, homogeneous = _machine_layout(comm)
+        rank = comm.Get_rank()
+        # Communicator set-up is collective: all of it happens here, never in an op.
+        comms[LOCAL_COMM_ID] = comm.Split(color=machine_rank, key=rank)
+        leaders = comm.Split(color=0 if local_rank == 0 else MPI.UNDEFINED, key=rank)
+        if leaders != MPI.COMM_NULL:
+            comms[LEADERS_COMM_ID] = leaders
+        for comm_id, member in comms.items():
+            _register(lib, comm_id, member, timeout, max_message)
     except BaseException:
-        lib.jaxfog_release_comm(WORLD_COMM_ID)
-        comm.Free()
+        _release(lib, comms)
         raise
     size = comm.Get_size()
-    _state = _State(comm=comm, rank=comm.Get_rank(), size=size, local_rank=local_rank,
+    _state = _State(comm=comm, comms=comms, rank=rank, size=size, local_rank=local_rank,
                     local_size=local_size, machine_rank=machine_rank,
                     machine_size=machine_size, homogeneous=homogeneous, timeout=timeout,
                     topology=T.exponential(size), machine_topology=T.exponential(machine_size))
@@ -176,11 +204,18 @@ def shutdown() -> None:
     state, _state = _state, None
     from jaxfog import ffi
 
-    ffi.library().jaxfog_release_comm(WORLD_COMM_ID)
+    _release(ffi.library(), state.comms)
+
+
+def _release(lib, comms: dict) -> None:
+    """Drops the C++ transports, then frees the communicators."""
     from mpi4py import MPI
 
+    for comm_id in comms:
+        lib.jaxfog_release_comm(comm_id)
     if not MPI.Is_finalized():
-        state.comm.Free()
+        for comm in comms.values():
+            comm.Free()
 
 
 def is_initialized() -> bool:

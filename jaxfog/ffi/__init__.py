@@ -20,7 +20,9 @@ from typing import Any
 LIBRARY_PATH = Path(__file__).resolve().parent / "libjaxfog_ffi.so"
 
 # Typed FFI handlers exported by the library (XLA_FFI_DEFINE_HANDLER_SYMBOL).
-HANDLERS = ("jaxfog_rank", "jaxfog_size", "jaxfog_barrier")
+HANDLERS = ("jaxfog_rank", "jaxfog_size", "jaxfog_barrier", "jaxfog_neighbor_allreduce",
+            "jaxfog_neighbor_allgather", "jaxfog_neighbor_reduce_scatter", "jaxfog_allreduce",
+            "jaxfog_broadcast", "jaxfog_allgather")
 
 
 class FfiLibraryError(ImportError):
@@ -57,7 +59,7 @@ def library() -> ctypes.CDLL:
     if lib is None:
         lib = ctypes.CDLL(str(LIBRARY_PATH))
     lib.jaxfog_register_mpi_comm.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_double,
-                                             ctypes.c_char_p, ctypes.c_int]
+                                             ctypes.c_int64, ctypes.c_char_p, ctypes.c_int]
     lib.jaxfog_register_mpi_comm.restype = ctypes.c_int
     lib.jaxfog_release_comm.argtypes = [ctypes.c_int64]
     lib.jaxfog_release_comm.restype = ctypes.c_int

@@ -27,7 +27,8 @@ extern "C" {
 // mpi4py's Comm.py2f(), portable across MPI ABIs) under `id`. Returns 0 on
 // success, otherwise writes the reason into `error`.
 __attribute__((visibility("default"))) int jaxfog_register_mpi_comm(
-    int64_t id, int fortran_comm, double timeout_seconds, char* error, int error_length) {
+    int64_t id, int fortran_comm, double timeout_seconds, int64_t max_message_bytes,
+    char* error, int error_length) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -46,7 +47,8 @@ __attribute__((visibility("default"))) int jaxfog_register_mpi_comm(
                 error_length);
     return 1;
   }
-  jaxfog::RegisterTransport(id, std::make_unique<jaxfog::MpiTransport>(comm, timeout_seconds));
+  jaxfog::RegisterTransport(id, std::make_unique<jaxfog::MpiTransport>(
+                                   comm, timeout_seconds, static_cast<size_t>(max_message_bytes)));
   return 0;
 }
 

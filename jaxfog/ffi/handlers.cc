@@ -1,58 +1,498 @@
-// Typed XLA FFI handlers (api_version 1). One handler per op, each a thin
-// shell that decodes buffers and attributes and calls the transport.
+// Typed XLA FFI handlers (api_version 1). One handler per op: each decodes
+// buffers and attributes, lays out the messages, and calls the transport.
+// Every communicating handler takes and returns the token of jaxfog's ordered
+// effect, which fixes the order of all communication identically on every rank.
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
 
+#include "dtype.h"
+#include "kernels.h"
 #include "registry.h"
+#include "scratch.h"
 #include "transport.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxfog {
 namespace {
 
+using I64s = ffi::Span<const int64_t>;
+using F64s = ffi::Span<const double>;
+
+constexpr size_t kAlign = 64;
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+struct Leaf {
+  ffi::DataType type;
+  size_t count;
+  size_t bytes;
+  const void* in;  // null for outputs
+  void* out;       // null for inputs
+};
+
+ffi::ErrorOr<std::vector<Leaf>> Inputs(ffi::RemainingArgs args, const char* op) {
+  std::vector<Leaf> leaves;
+  for (size_t i = 0; i < args.size(); ++i) {
+    ffi::ErrorOr<ffi::AnyBuffer> buffer = args.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return ffi::Unexpected<ffi::Error>(buffer.error());
+    if (!IsSupported(buffer->element_type())) {
+      return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument(
+          std::string("jaxfog ") + op + ": unsupported dtype " +
+          DTypeName(buffer->element_type())));
+    }
+    leaves.push_back({buffer->element_type(), buffer->element_count(), buffer->size_bytes(),
+                      buffer->untyped_data(), nullptr});
+  }
+  return leaves;
+}
+
+ffi::ErrorOr<std::vector<Leaf>> Outputs(ffi::RemainingRets rets) {
+  std::vector<Leaf> leaves;
+  for (size_t i = 0; i < rets.size(); ++i) {
+    ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> buffer = rets.get<ffi::AnyBuffer>(i);
+    if (buffer.has_error()) return ffi::Unexpected<ffi::Error>(buffer.error());
+    ffi::AnyBuffer& b = **buffer;
+    leaves.push_back({b.element_type(), b.element_count(), b.size_bytes(), nullptr,
+                      b.untyped_data()});
+  }
+  return leaves;
+}
+
+// Offsets of the leaves in an aligned, contiguous layout; returns its size.
+size_t Layout(const std::vector<Leaf>& leaves, std::vector<size_t>* offsets) {
+  size_t total = 0;
+  offsets->clear();
+  for (const Leaf& leaf : leaves) {
+    offsets->push_back(total);
+    total += AlignUp(leaf.bytes);
+  }
+  return total;
+}
+
+std::vector<Piece> PiecesAt(char* base, const std::vector<Leaf>& leaves,
+                            const std::vector<size_t>& offsets) {
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < leaves.size(); ++i) pieces.push_back({base + offsets[i], leaves[i].bytes});
+  return pieces;
+}
+
+std::vector<ConstPiece> ConstPiecesAt(const char* base, const std::vector<Leaf>& leaves,
+                                      const std::vector<size_t>& offsets) {
+  std::vector<ConstPiece> pieces;
+  for (size_t i = 0; i < leaves.size(); ++i) pieces.push_back({base + offsets[i], leaves[i].bytes});
+  return pieces;
+}
+
+// One entry of a (possibly periodic) communication plan, chosen by `step`.
+struct Entry {
+  double self_weight;
+  std::vector<int> send_ranks;
+  std::vector<double> send_weights;
+  std::vector<int> recv_ranks;
+  std::vector<double> recv_weights;
+};
+
+ffi::ErrorOr<Entry> SelectEntry(int64_t step, F64s self_weights, I64s send_offsets,
+                                I64s send_ranks, F64s send_weights, I64s recv_offsets,
+                                I64s recv_ranks, F64s recv_weights, int size) {
+  const int64_t period = static_cast<int64_t>(self_weights.size());
+  auto bad = [](const std::string& what) {
+    return ffi::Unexpected<ffi::Error>(
+        ffi::Error::InvalidArgument("jaxfog: malformed communication plan: " + what));
+  };
+  if (period == 0 || send_offsets.size() != size_t(period + 1) ||
+      recv_offsets.size() != size_t(period + 1) || send_ranks.size() != send_weights.size() ||
+      recv_ranks.size() != recv_weights.size()) {
+    return bad("table sizes");
+  }
+  const int64_t t = ((step % period) + period) % period;
+  Entry entry{self_weights[t], {}, {}, {}, {}};
+  for (int64_t i = send_offsets[t]; i < send_offsets[t + 1]; ++i) {
+    if (send_ranks[i] < 0 || send_ranks[i] >= size) return bad("send rank out of range");
+    entry.send_ranks.push_back(static_cast<int>(send_ranks[i]));
+    entry.send_weights.push_back(send_weights[i]);
+  }
+  for (int64_t i = recv_offsets[t]; i < recv_offsets[t + 1]; ++i) {
+    if (recv_ranks[i] < 0 || recv_ranks[i] >= size) return bad("receive rank out of range");
+    entry.recv_ranks.push_back(static_cast<int>(recv_ranks[i]));
+    entry.recv_weights.push_back(recv_weights[i]);
+  }
+  return entry;
+}
+
+#define JAXFOG_ASSIGN_OR_RETURN(lhs, expr)             \
+  auto lhs##_or = (expr);                              \
+  if (lhs##_or.has_error()) return lhs##_or.error();   \
+  auto& lhs = *lhs##_or
+
 // Rank of this process in communicator `comm_id`, as an int32 scalar.
 ffi::Error RankImpl(int64_t comm_id, ffi::Result<ffi::BufferR0<ffi::S32>> out) {
-  ffi::ErrorOr<Transport*> transport = LookupTransport(comm_id);
-  if (transport.has_error()) return transport.error();
-  out->typed_data()[0] = (*transport)->rank();
+  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  out->typed_data()[0] = transport->rank();
   return ffi::Error::Success();
 }
 
 ffi::Error SizeImpl(int64_t comm_id, ffi::Result<ffi::BufferR0<ffi::S32>> out) {
-  ffi::ErrorOr<Transport*> transport = LookupTransport(comm_id);
-  if (transport.has_error()) return transport.error();
-  out->typed_data()[0] = (*transport)->size();
+  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  out->typed_data()[0] = transport->size();
   return ffi::Error::Success();
 }
 
-// Barrier. Like every communicating handler it takes and returns the token
-// of jaxfog's ordered effect, which fixes the order of all communication in
-// the compiled program, identically on every rank.
 ffi::Error BarrierImpl(int64_t comm_id, ffi::Token, ffi::Result<ffi::Token>) {
-  ffi::ErrorOr<Transport*> transport = LookupTransport(comm_id);
-  if (transport.has_error()) return transport.error();
-  return (*transport)->Barrier();
+  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  return transport->Barrier();
+}
+
+// out_i = self_weight * x_i + sum_{j in recv} recv_weight_j * (x_j as sent by j),
+// where a sender scales what it sends by its send weight. All leaves of a
+// pytree travel as one message per peer; the sum is one pass per leaf.
+ffi::Error NeighborAllreduceImpl(int64_t comm_id, int64_t signature, F64s self_weights,
+                                 I64s send_offsets, I64s send_ranks, F64s send_weights,
+                                 I64s recv_offsets, I64s recv_ranks, F64s recv_weights,
+                                 ffi::Token, ffi::BufferR0<ffi::S32> step,
+                                 ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                                 ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  JAXFOG_ASSIGN_OR_RETURN(entry, SelectEntry(step.typed_data()[0], self_weights, send_offsets,
+                                             send_ranks, send_weights, recv_offsets,
+                                             recv_ranks, recv_weights, transport->size()));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "neighbor_allreduce"));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  std::vector<size_t> offsets;
+  const size_t stride = Layout(in, &offsets);
+  ScratchPool& pool = ScratchPool::Global();
+
+  // Senders with a weight other than 1 send a scaled copy.
+  std::vector<ScratchPool::Lease> scaled;
+  std::vector<SendSpec> sends;
+  for (size_t s = 0; s < entry.send_ranks.size(); ++s) {
+    SendSpec send{entry.send_ranks[s], {}};
+    if (entry.send_weights[s] == 1.0) {
+      for (const Leaf& leaf : in) send.pieces.push_back({leaf.in, leaf.bytes});
+    } else {
+      scaled.push_back(pool.Acquire(stride));
+      char* base = scaled.back().data();
+      for (size_t l = 0; l < in.size(); ++l) {
+        if (ffi::Error err = WeightedSum(in[l].type, in[l].count, base + offsets[l], in[l].in,
+                                         entry.send_weights[s], {}, {});
+            !err.success()) {
+          return err;
+        }
+      }
+      send.pieces = ConstPiecesAt(base, in, offsets);
+    }
+    sends.push_back(std::move(send));
+  }
+  const size_t k = entry.recv_ranks.size();
+  ScratchPool::Lease received = pool.Acquire(stride * k);
+  std::vector<RecvSpec> recvs;
+  for (size_t j = 0; j < k; ++j) {
+    recvs.push_back({entry.recv_ranks[j], PiecesAt(received.data() + j * stride, in, offsets)});
+  }
+  const OpInfo info{OpCode::kNeighborAllreduce, static_cast<uint64_t>(signature)};
+  if (ffi::Error err = transport->Exchange(info, sends, recvs); !err.success()) return err;
+
+  std::vector<const void*> others(k);
+  for (size_t l = 0; l < in.size(); ++l) {
+    for (size_t j = 0; j < k; ++j) others[j] = received.data() + j * stride + offsets[l];
+    if (ffi::Error err = WeightedSum(in[l].type, in[l].count, out[l].out, in[l].in,
+                                     entry.self_weight, others, entry.recv_weights);
+        !err.success()) {
+      return err;
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// out = concat over recv_ranks (in that order) of x_j along axis 0; the
+// message from j lands directly in its block of every output leaf.
+ffi::Error NeighborAllgatherImpl(int64_t comm_id, int64_t signature, I64s send_ranks,
+                                 I64s recv_ranks, ffi::Token, ffi::RemainingArgs args,
+                                 ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "neighbor_allgather"));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  std::vector<SendSpec> sends;
+  for (int64_t peer : send_ranks) {
+    SendSpec send{static_cast<int>(peer), {}};
+    for (const Leaf& leaf : in) send.pieces.push_back({leaf.in, leaf.bytes});
+    sends.push_back(std::move(send));
+  }
+  std::vector<RecvSpec> recvs;
+  for (size_t j = 0; j < recv_ranks.size(); ++j) {
+    RecvSpec recv{static_cast<int>(recv_ranks[j]), {}};
+    for (size_t l = 0; l < in.size(); ++l) {
+      recv.pieces.push_back({static_cast<char*>(out[l].out) + j * in[l].bytes, in[l].bytes});
+    }
+    recvs.push_back(std::move(recv));
+  }
+  const OpInfo info{OpCode::kNeighborAllgather, static_cast<uint64_t>(signature)};
+  return transport->Exchange(info, sends, recvs);
+}
+
+// The adjoint of neighbor_allgather: block i of every input leaf goes back to
+// send_ranks[i]; the output is the sum of the blocks received.
+ffi::Error NeighborReduceScatterImpl(int64_t comm_id, int64_t signature, I64s send_ranks,
+                                     I64s recv_ranks, ffi::Token, ffi::RemainingArgs args,
+                                     ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "neighbor_allgather (transpose)"));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  std::vector<SendSpec> sends;
+  for (size_t i = 0; i < send_ranks.size(); ++i) {
+    SendSpec send{static_cast<int>(send_ranks[i]), {}};
+    for (size_t l = 0; l < out.size(); ++l) {
+      send.pieces.push_back({static_cast<const char*>(in[l].in) + i * out[l].bytes,
+                             out[l].bytes});
+    }
+    sends.push_back(std::move(send));
+  }
+  std::vector<size_t> offsets;
+  const size_t stride = Layout(out, &offsets);
+  const size_t k = recv_ranks.size();
+  ScratchPool::Lease received = ScratchPool::Global().Acquire(stride * k);
+  std::vector<RecvSpec> recvs;
+  for (size_t j = 0; j < k; ++j) {
+    recvs.push_back({static_cast<int>(recv_ranks[j]),
+                     PiecesAt(received.data() + j * stride, out, offsets)});
+  }
+  const OpInfo info{OpCode::kNeighborReduceScatter, static_cast<uint64_t>(signature)};
+  if (ffi::Error err = transport->Exchange(info, sends, recvs); !err.success()) return err;
+  std::vector<const void*> others(k);
+  const std::vector<double> ones(k, 1.0);
+  for (size_t l = 0; l < out.size(); ++l) {
+    for (size_t j = 0; j < k; ++j) others[j] = received.data() + j * stride + offsets[l];
+    if (ffi::Error err = WeightedSum(out[l].type, out[l].count, out[l].out, nullptr, 0.0,
+                                     others, ones);
+        !err.success()) {
+      return err;
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// Packs leaves into `base` at `offsets` (when a pytree must be one message).
+void Pack(const std::vector<Leaf>& in, char* base, const std::vector<size_t>& offsets) {
+  for (size_t l = 0; l < in.size(); ++l) {
+    if (in[l].bytes) std::memcpy(base + offsets[l], in[l].in, in[l].bytes);
+  }
+}
+
+// Sum or mean over all ranks, leaf by leaf in one call (one message for a
+// single leaf; a pytree is packed per dtype so each dtype is one message).
+ffi::Error AllreduceImpl(int64_t comm_id, int64_t signature, bool mean, ffi::Token,
+                         ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                         ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "allreduce"));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  const OpInfo info{OpCode::kAllreduce, static_cast<uint64_t>(signature)};
+  const double scale = mean ? 1.0 / transport->size() : 1.0;
+  // Group leaves by dtype, preserving order.
+  std::vector<ffi::DataType> types;
+  for (const Leaf& leaf : in) {
+    if (std::find(types.begin(), types.end(), leaf.type) == types.end()) types.push_back(leaf.type);
+  }
+  for (ffi::DataType type : types) {
+    std::vector<size_t> members;
+    size_t count = 0;
+    for (size_t l = 0; l < in.size(); ++l) {
+      if (in[l].type == type) {
+        members.push_back(l);
+        count += in[l].count;
+      }
+    }
+    const size_t width = ffi::ByteWidth(type);
+    if (members.size() == 1) {
+      const size_t l = members[0];
+      if (ffi::Error err = transport->Allreduce(info, in[l].in, out[l].out, count, type,
+                                                ReduceOp::kSum);
+          !err.success()) {
+        return err;
+      }
+      if (mean) {
+        if (ffi::Error err = WeightedSum(type, count, out[l].out, out[l].out, scale, {}, {});
+            !err.success()) {
+          return err;
+        }
+      }
+      continue;
+    }
+    ScratchPool::Lease packed = ScratchPool::Global().Acquire(count * width);
+    size_t at = 0;
+    for (size_t l : members) {
+      if (in[l].bytes) std::memcpy(packed.data() + at, in[l].in, in[l].bytes);
+      at += in[l].bytes;
+    }
+    ScratchPool::Lease summed = ScratchPool::Global().Acquire(count * width);
+    if (ffi::Error err = transport->Allreduce(info, packed.data(), summed.data(), count, type,
+                                              ReduceOp::kSum);
+        !err.success()) {
+      return err;
+    }
+    at = 0;
+    for (size_t l : members) {
+      if (ffi::Error err = WeightedSum(type, out[l].count, out[l].out, summed.data() + at,
+                                       scale, {}, {});
+          !err.success()) {
+        return err;
+      }
+      at += out[l].bytes;
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// Every rank gets root's value (one message for the whole pytree).
+ffi::Error BroadcastImpl(int64_t comm_id, int64_t signature, int64_t root, ffi::Token,
+                         ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                         ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "broadcast"));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  const OpInfo info{OpCode::kBroadcast, static_cast<uint64_t>(signature)};
+  const bool is_root = transport->rank() == root;
+  if (in.size() == 1) {
+    if (is_root && in[0].bytes) std::memcpy(out[0].out, in[0].in, in[0].bytes);
+    return transport->Broadcast(info, out[0].out, out[0].bytes, static_cast<int>(root));
+  }
+  std::vector<size_t> offsets;
+  const size_t total = Layout(in, &offsets);
+  ScratchPool::Lease packed = ScratchPool::Global().Acquire(total);
+  if (is_root) Pack(in, packed.data(), offsets);
+  if (ffi::Error err = transport->Broadcast(info, packed.data(), total, static_cast<int>(root));
+      !err.success()) {
+    return err;
+  }
+  for (size_t l = 0; l < out.size(); ++l) {
+    if (out[l].bytes) std::memcpy(out[l].out, packed.data() + offsets[l], out[l].bytes);
+  }
+  return ffi::Error::Success();
+}
+
+// out = concat over ranks 0..n-1 of x along axis 0 (one message per leaf set).
+ffi::Error AllgatherImpl(int64_t comm_id, int64_t signature, ffi::Token,
+                         ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                         ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "allgather"));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  const OpInfo info{OpCode::kAllgather, static_cast<uint64_t>(signature)};
+  if (in.size() == 1) return transport->Allgather(info, in[0].in, out[0].out, in[0].bytes);
+  std::vector<size_t> offsets;
+  const size_t total = Layout(in, &offsets);
+  const size_t n = static_cast<size_t>(transport->size());
+  ScratchPool::Lease packed = ScratchPool::Global().Acquire(total);
+  ScratchPool::Lease gathered = ScratchPool::Global().Acquire(total * n);
+  Pack(in, packed.data(), offsets);
+  if (ffi::Error err = transport->Allgather(info, packed.data(), gathered.data(), total);
+      !err.success()) {
+    return err;
+  }
+  for (size_t r = 0; r < n; ++r) {
+    for (size_t l = 0; l < out.size(); ++l) {
+      if (in[l].bytes) {
+        std::memcpy(static_cast<char*>(out[l].out) + r * in[l].bytes,
+                    gathered.data() + r * total + offsets[l], in[l].bytes);
+      }
+    }
+  }
+  return ffi::Error::Success();
 }
 
 }  // namespace
 }  // namespace jaxfog
 
+namespace xffi = ::xla::ffi;
+
 // The library is built with hidden visibility; export just the handlers.
 #pragma GCC visibility push(default)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_rank, jaxfog::RankImpl,
-                              xla::ffi::Ffi::Bind()
+                              xffi::Ffi::Bind()
                                   .Attr<int64_t>("comm_id")
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>());
+                                  .Ret<xffi::BufferR0<xffi::S32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_size, jaxfog::SizeImpl,
-                              xla::ffi::Ffi::Bind()
+                              xffi::Ffi::Bind()
                                   .Attr<int64_t>("comm_id")
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>());
+                                  .Ret<xffi::BufferR0<xffi::S32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_barrier, jaxfog::BarrierImpl,
-                              xla::ffi::Ffi::Bind()
+                              xffi::Ffi::Bind()
                                   .Attr<int64_t>("comm_id")
-                                  .Arg<xla::ffi::Token>()
-                                  .Ret<xla::ffi::Token>());
+                                  .Arg<xffi::Token>()
+                                  .Ret<xffi::Token>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allreduce, jaxfog::NeighborAllreduceImpl,
+                              xffi::Ffi::Bind()
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int64_t>("signature")
+                                  .Attr<jaxfog::F64s>("self_weights")
+                                  .Attr<jaxfog::I64s>("send_offsets")
+                                  .Attr<jaxfog::I64s>("send_ranks")
+                                  .Attr<jaxfog::F64s>("send_weights")
+                                  .Attr<jaxfog::I64s>("recv_offsets")
+                                  .Attr<jaxfog::I64s>("recv_ranks")
+                                  .Attr<jaxfog::F64s>("recv_weights")
+                                  .Arg<xffi::Token>()
+                                  .Arg<xffi::BufferR0<xffi::S32>>()
+                                  .RemainingArgs()
+                                  .Ret<xffi::Token>()
+                                  .RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allgather, jaxfog::NeighborAllgatherImpl,
+                              xffi::Ffi::Bind()
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int64_t>("signature")
+                                  .Attr<jaxfog::I64s>("send_ranks")
+                                  .Attr<jaxfog::I64s>("recv_ranks")
+                                  .Arg<xffi::Token>()
+                                  .RemainingArgs()
+                                  .Ret<xffi::Token>()
+                                  .RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_reduce_scatter,
+                              jaxfog::NeighborReduceScatterImpl,
+                              xffi::Ffi::Bind()
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int64_t>("signature")
+                                  .Attr<jaxfog::I64s>("send_ranks")
+                                  .Attr<jaxfog::I64s>("recv_ranks")
+                                  .Arg<xffi::Token>()
+                                  .RemainingArgs()
+                                  .Ret<xffi::Token>()
+                                  .RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_allreduce, jaxfog::AllreduceImpl,
+                              xffi::Ffi::Bind()
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int64_t>("signature")
+                                  .Attr<bool>("mean")
+                                  .Arg<xffi::Token>()
+                                  .RemainingArgs()
+                                  .Ret<xffi::Token>()
+                                  .RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_broadcast, jaxfog::BroadcastImpl,
+                              xffi::Ffi::Bind()
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int64_t>("signature")
+                                  .Attr<int64_t>("root")
+                                  .Arg<xffi::Token>()
+                                  .RemainingArgs()
+                                  .Ret<xffi::Token>()
+                                  .RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_allgather, jaxfog::AllgatherImpl,
+                              xffi::Ffi::Bind()
+                                  .Attr<int64_t>("comm_id")
+                                  .Attr<int64_t>("signature")
+                                  .Arg<xffi::Token>()
+                                  .RemainingArgs()
+                                  .Ret<xffi::Token>()
+                                  .RemainingRets());
 
 #pragma GCC visibility pop

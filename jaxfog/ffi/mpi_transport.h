@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,27 +15,41 @@ namespace jaxfog {
 class MpiTransport final : public Transport {
  public:
   // Does not take ownership: the runtime that duplicated `comm` frees it
-  // after the transport is gone.
-  MpiTransport(MPI_Comm comm, double timeout_seconds);
+  // after the transport is gone. Messages larger than `max_message_bytes`
+  // travel in several pieces (MPI counts are ints).
+  MpiTransport(MPI_Comm comm, double timeout_seconds, size_t max_message_bytes);
+  ~MpiTransport() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
 
   ffi::Error Barrier() override;
-
-  // Completes `requests`, polling so that a peer that never answers turns
-  // into an error after the timeout instead of a hang. `what` names the
-  // operation in that error.
-  ffi::Error WaitAll(std::vector<MPI_Request>& requests, const std::string& what);
-
-  MPI_Comm comm() const { return comm_; }
+  ffi::Error Exchange(const OpInfo& info, const std::vector<SendSpec>& sends,
+                      const std::vector<RecvSpec>& recvs) override;
+  ffi::Error Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
+                       ffi::DataType type, ReduceOp op) override;
+  ffi::Error Broadcast(const OpInfo& info, void* data, size_t bytes, int root) override;
+  ffi::Error Allgather(const OpInfo& info, const void* in, void* out,
+                       size_t bytes) override;
 
  private:
+  // Completes `requests`; `owners[i]` names what request i is for, so that a
+  // timeout says which peers never answered.
+  ffi::Error WaitAll(std::vector<MPI_Request>& requests,
+                     const std::vector<std::string>& owners, const std::string& what);
+  // Checks that all ranks agree on (op, sequence number, signature, bytes).
+  ffi::Error Agree(const OpInfo& info, uint64_t bytes, const std::string& what);
+  std::string Describe(const OpInfo& info) const;
+
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
   double timeout_seconds_;
+  size_t max_message_bytes_;
+  uint64_t sequence_ = 0;  // ops run so far on this communicator
+  MPI_Op half_sum_ = MPI_OP_NULL;
+  MPI_Op bfloat16_sum_ = MPI_OP_NULL;
 };
 
 }  // namespace jaxfog

@@ -6,13 +6,56 @@
 #ifndef JAXFOG_FFI_TRANSPORT_H_
 #define JAXFOG_FFI_TRANSPORT_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxfog {
 
 namespace ffi = ::xla::ffi;
+
+// Operation codes, carried in message headers so that ranks running
+// different operations are told so instead of exchanging garbage.
+enum class OpCode : uint32_t {
+  kNeighborAllreduce = 1,
+  kNeighborAllgather = 2,
+  kNeighborReduceScatter = 3,
+  kAllreduce = 4,
+  kBroadcast = 5,
+  kAllgather = 6,
+};
+
+const char* OpName(OpCode op);
+
+// What one rank believes the current operation is; peers must agree.
+struct OpInfo {
+  OpCode op;
+  // Hash of the shapes and dtypes of one message (computed at trace time).
+  uint64_t signature;
+};
+
+// A message is the concatenation of its pieces, sent without packing.
+struct ConstPiece {
+  const void* data;
+  size_t bytes;
+};
+struct Piece {
+  void* data;
+  size_t bytes;
+};
+struct SendSpec {
+  int peer;
+  std::vector<ConstPiece> pieces;
+};
+struct RecvSpec {
+  int peer;
+  std::vector<Piece> pieces;
+};
+
+enum class ReduceOp { kSum };
 
 class Transport {
  public:
@@ -26,6 +69,21 @@ class Transport {
   // Blocks until every rank of the communicator has entered, or fails once
   // the transport's timeout has passed (a dead or diverged peer).
   virtual ffi::Error Barrier() = 0;
+
+  // One round of point-to-point messages: every send and receive is posted at
+  // once and completed together. Each message carries a header with the op,
+  // its sequence number and its size; a receive whose header does not match
+  // what this rank expects fails with an error naming the peer.
+  virtual ffi::Error Exchange(const OpInfo& info, const std::vector<SendSpec>& sends,
+                              const std::vector<RecvSpec>& recvs) = 0;
+
+  // Collectives. Before moving data they check that every rank runs the same
+  // op with the same signature and size, and fail on every rank otherwise.
+  virtual ffi::Error Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
+                               ffi::DataType type, ReduceOp op) = 0;
+  virtual ffi::Error Broadcast(const OpInfo& info, void* data, size_t bytes, int root) = 0;
+  virtual ffi::Error Allgather(const OpInfo& info, const void* in, void* out,
+                               size_t bytes) = 0;
 };
 
 }  // namespace jaxfog

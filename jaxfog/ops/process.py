@@ -13,7 +13,7 @@ from jax._src import core
 from jax._src.interpreters import mlir
 
 from jaxfog import ffi, runtime
-from jaxfog.ops._effect import comm_effect, lower_comm_call
+from jaxfog.ops._primitive import comm_effect, lower_comm_call
 
 _SCALAR_I32 = jax.ShapeDtypeStruct((), jnp.int32)
 

@@ -1,0 +1,169 @@
+"""Communication plans of neighbor averaging: who sends what to whom, per step.
+
+A :class:`Plan` is this rank's view of one or more steps (a ``Schedule``
+gives one entry per step of its period): a self weight, the ranks it sends to
+with the weight it scales each send by, and the ranks it receives from with
+the weight it gives each. On rank i, one step computes
+
+    out_i = self_weight * x_i + sum_{j in recv} recv_weight_j * send_weight_j(i) * x_j
+
+which is row i of ``W @ X`` for the plans built from a topology. Plans are
+hashable (static primitive parameters); their transpose is the adjoint:
+cotangents travel back along every edge with the same two weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from jaxfog import topology as T
+
+Edges = tuple[tuple[int, float], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Per-step (self weight, sends, receives) of one rank; hashable."""
+
+    self_weights: tuple[float, ...]
+    sends: tuple[Edges, ...]
+    recvs: tuple[Edges, ...]
+
+    @property
+    def period(self) -> int:
+        return len(self.self_weights)
+
+    def transpose(self) -> "Plan":
+        """The adjoint plan: every send becomes a receive with the same weight."""
+        return Plan(self.self_weights, sends=self.recvs, recvs=self.sends)
+
+    def attributes(self) -> dict[str, np.ndarray]:
+        """The flat tables the C++ handler selects a step's entry from."""
+        def table(entries: Sequence[Edges], kind: str) -> dict[str, np.ndarray]:
+            offsets = np.cumsum([0] + [len(e) for e in entries]).astype(np.int64)
+            ranks = np.array([r for e in entries for r, _ in e], dtype=np.int64)
+            weights = np.array([w for e in entries for _, w in e], dtype=np.float64)
+            return {f"{kind}_offsets": offsets, f"{kind}_ranks": ranks,
+                    f"{kind}_weights": weights}
+
+        return {"self_weights": np.array(self.self_weights, dtype=np.float64),
+                **table(self.sends, "send"), **table(self.recvs, "recv")}
+
+
+def _entry_from_topology(topo: T.Topology, rank: int) -> tuple[float, Edges, Edges]:
+    w = topo.weights
+    recvs = tuple((j, float(w[rank, j])) for j in topo.in_neighbors(rank))
+    sends = tuple((i, 1.0) for i in topo.out_neighbors(rank))
+    return float(w[rank, rank]), sends, recvs
+
+
+def from_topology(topo: T.Topology | T.Schedule, rank: int) -> Plan:
+    """Row ``rank`` of W (one entry per step of a Schedule)."""
+    entries = topo.topologies if isinstance(topo, T.Schedule) else (topo,)
+    self_weights, sends, recvs = zip(*(_entry_from_topology(t, rank) for t in entries))
+    return Plan(tuple(self_weights), tuple(sends), tuple(recvs))
+
+
+def _weight(value: Any, what: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a real number, got {type(value).__name__} "
+                        f"{value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be finite, got {value}")
+    return value
+
+
+def _ranks(ranks: Any, size: int, rank: int, what: str) -> None:
+    for r in ranks:
+        if isinstance(r, (bool, np.bool_)) or not isinstance(r, numbers.Integral):
+            raise TypeError(f"{what}: rank {r!r} is not an integer")
+        if not 0 <= r < size:
+            raise ValueError(f"{what}: rank {r} is out of range for {size} ranks")
+        if r == rank:
+            raise ValueError(f"{what}: rank {rank} cannot be its own neighbor (use "
+                             "self_weight)")
+
+
+def _weights_dict(weights: Any, what: str, allow_list: bool) -> dict[int, float]:
+    if isinstance(weights, Mapping):
+        return {k: _weight(v, f"{what}[{k}]") for k, v in weights.items()}
+    if allow_list and isinstance(weights, (list, tuple)):
+        if len(set(weights)) != len(weights):
+            raise ValueError(f"{what} lists a rank twice: {list(weights)}")
+        return {k: 1.0 for k in weights}
+    kind = "a dict {rank: weight} or a list of ranks" if allow_list else "a dict {rank: weight}"
+    raise TypeError(f"{what} must be {kind}, got {type(weights).__name__}")
+
+
+def from_local_view(topo: T.Topology, rank: int, self_weight: Any, src_weights: Any,
+                    dst_weights: Any) -> Plan:
+    """BlueFog's local view, validated on the calling rank.
+
+    * pull (self + src): receive from ``src_weights`` (which must be exactly
+      the static in-neighbours), send to the static out-neighbours;
+    * push (self + dst): send to ``dst_weights`` (exactly the static
+      out-neighbours), receive from the static in-neighbours with weight 1;
+    * push-pull (self + src + dst): any ranks, empty lists allowed.
+    """
+    size = topo.size
+    if self_weight is None:
+        raise ValueError("neighbor_allreduce: self_weight is required when src_weights or "
+                         "dst_weights is given")
+    self_w = _weight(self_weight, "self_weight")
+    src = None if src_weights is None else _weights_dict(src_weights, "src_weights", False)
+    dst = None if dst_weights is None else _weights_dict(dst_weights, "dst_weights", True)
+    if src is not None:
+        _ranks(src, size, rank, "src_weights")
+    if dst is not None:
+        _ranks(dst, size, rank, "dst_weights")
+    if dst is None:  # pull: the static graph says where to send
+        static_in = topo.in_neighbors(rank)
+        if sorted(src) != static_in:
+            raise ValueError(
+                f"neighbor_allreduce on rank {rank}: src_weights names ranks "
+                f"{sorted(src)} but the static topology's in-neighbours are {static_in}; "
+                "give dst_weights too for a dynamic graph")
+        dst = {i: 1.0 for i in topo.out_neighbors(rank)}
+    elif src is None:  # push: the static graph says whom to receive from
+        static_out = topo.out_neighbors(rank)
+        if sorted(dst) != static_out:
+            raise ValueError(
+                f"neighbor_allreduce on rank {rank}: dst_weights names ranks "
+                f"{sorted(dst)} but the static topology's out-neighbours are {static_out}; "
+                "give src_weights too for a dynamic graph")
+        src = {j: 1.0 for j in topo.in_neighbors(rank)}
+    sends = tuple(sorted(dst.items()))
+    recvs = tuple(sorted(src.items()))
+    return Plan((self_w,), (sends,), (recvs,))
+
+
+def check_matching(plan: Plan, comm, rank: int, what: str) -> None:
+    """Raises ValueError on every rank if senders and receivers disagree.
+
+    Collective (mpi4py, at trace time): every rank must call it together.
+    """
+    size = comm.Get_size()
+    problems = []
+    for t in range(plan.period):
+        sends_to = [0] * size
+        for peer, _ in plan.sends[t]:
+            sends_to[peer] = 1
+        senders = comm.alltoall(sends_to)  # senders[j] == 1: j sends to me
+        expected = {peer for peer, _ in plan.recvs[t]}
+        actual = {j for j in range(size) if senders[j]}
+        for j in sorted(actual - expected):
+            problems.append(f"rank {j} sends to rank {rank} but rank {rank} does not "
+                            f"receive from it" + (f" (step {t})" if plan.period > 1 else ""))
+        for j in sorted(expected - actual):
+            problems.append(f"rank {rank} receives from rank {j} but rank {j} does not "
+                            f"send to it" + (f" (step {t})" if plan.period > 1 else ""))
+    everyone = [p for ps in comm.allgather(problems) for p in ps]
+    if everyone:
+        raise ValueError(f"{what}: send and receive sets do not match: "
+                         + "; ".join(everyone))

@@ -1,0 +1,126 @@
+"""Shared machinery of jaxfog's communication primitives.
+
+Every communicating primitive carries one *ordered* effect. XLA:CPU may run
+independent custom calls concurrently and in different orders on different
+ranks, and two ranks waiting in different exchanges deadlock; with the
+ordered effect JAX threads a token through all of them (within a jitted
+function, through ``scan``/``cond``/``while`` bodies, and across consecutive
+jitted calls), so every rank runs the same communication in the same order,
+by construction.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from typing import Any, Callable, Mapping, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from jax._src import core, dispatch, effects
+from jax._src.interpreters import mlir
+
+from jaxfog import ffi, runtime
+
+#: dtypes every op accepts (integers are averaged in float64 and rounded to
+#: nearest, ties to even).
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
+    jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64, jnp.complex64, jnp.complex128,
+    jnp.int32, jnp.int64))
+
+
+class CommEffect(effects.Effect):
+    """Communication through one of jaxfog's communicators (ordered)."""
+
+    __str__ = lambda self: "jaxfog.Comm"  # noqa: E731
+
+
+comm_effect = CommEffect()
+effects.ordered_effects.add_type(CommEffect)
+effects.lowerable_effects.add_type(CommEffect)
+effects.control_flow_allowed_effects.add_type(CommEffect)
+effects.custom_derivatives_allowed_effects.add_type(CommEffect)
+effects.remat_allowed_effects.add_type(CommEffect)
+
+
+def _attribute(value: Any):
+    if isinstance(value, (bool, np.bool_)):
+        return mlir.ir_attribute(np.bool_(value))
+    if isinstance(value, int):
+        return mlir.ir_attribute(np.int64(value))
+    if isinstance(value, float):
+        return mlir.ir_attribute(np.float64(value))
+    return mlir.ir_attribute(value)
+
+
+def _ir_type(ctx: mlir.LoweringRuleContext, aval):
+    try:  # newer JAX passes the module context
+        return mlir.aval_to_ir_type(ctx.module_context, aval)
+    except TypeError:
+        return mlir.aval_to_ir_type(aval)
+
+
+def _row_major(aval) -> tuple[int, ...]:
+    return tuple(range(len(aval.shape) - 1, -1, -1))
+
+
+def lower_comm_call(ctx: mlir.LoweringRuleContext, target: str, operands: Sequence[Any],
+                    attributes: Mapping[str, Any]) -> list:
+    """Emits a typed-FFI custom call that consumes and produces the comm token.
+
+    The handler's first operand and first result are the token; ``operands``
+    and ``ctx.avals_out`` follow. Python ints/floats/bools become i64/f64/i1
+    attributes, numpy arrays become array attributes.
+    """
+    token = ctx.tokens_in.get(comm_effect)
+    result_types = [mlir.token_type()] + [_ir_type(ctx, a) for a in ctx.avals_out]
+    call = mlir.custom_call(
+        target, result_types=result_types, operands=[token, *operands],
+        backend_config={k: _attribute(v) for k, v in attributes.items()},
+        api_version=4, has_side_effect=True,
+        operand_layouts=[()] + [_row_major(a) for a in ctx.avals_in],
+        result_layouts=[()] + [_row_major(a) for a in ctx.avals_out])
+    token_out, *results = call.results
+    ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({comm_effect: token_out})))
+    return results
+
+
+def define(name: str, target: str, out_avals: Callable[..., list],
+           attributes: Callable[..., dict]) -> core.Primitive:
+    """A multiple-result communicating primitive lowered to custom call ``target``.
+
+    ``out_avals(*avals, **params)`` gives the result avals;
+    ``attributes(avals_in, **params)`` the custom call's attributes.
+    """
+    prim = core.Primitive(name)
+    prim.multiple_results = True
+    prim.def_effectful_abstract_eval(
+        lambda *avals, **params: (out_avals(*avals, **params), {comm_effect}))
+    prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+
+    def lowering(ctx, *operands, **params):
+        return lower_comm_call(ctx, target, operands, attributes(ctx.avals_in, **params))
+
+    mlir.register_lowering(prim, lowering, platform="cpu")
+    return prim
+
+
+def check_leaves(op: str, leaves: Sequence[Any]) -> None:
+    """TypeError at trace time for dtypes no op supports."""
+    for leaf in leaves:
+        dtype = np.dtype(jnp.result_type(leaf))
+        if dtype not in SUPPORTED_DTYPES:
+            names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+            raise TypeError(f"jaxfog.{op}: dtype {dtype} is not supported (supported: {names})")
+
+
+def signature(op: str, avals: Sequence[Any]) -> int:
+    """A rank-independent hash of one message's layout (op, dtypes, shapes)."""
+    text = op + ";" + ";".join(f"{np.dtype(a.dtype).name}{tuple(a.shape)}" for a in avals)
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def ready() -> None:
+    """Raises if jaxfog is not initialised; registers the handlers once."""
+    runtime._require()
+    ffi.register_handlers()
