@@ -65,6 +65,23 @@ class _State:
 
 
 _state: _State | None = None
+# Bumped whenever a topology changes (see jaxfog.ops._primitive).
+_topology_generation = 0
+
+
+def topology_generation() -> int:
+    """How many times a topology has been set in this process."""
+    return _topology_generation
+
+
+def _topology_changed() -> None:
+    global _topology_generation
+    _topology_generation += 1
+    import sys
+
+    ops = sys.modules.get("jaxfog.ops._primitive")
+    if ops is not None:  # keep JAX's jit caches keyed on the new generation
+        ops.sync_topology_generation()
 
 
 def _require() -> _State:
@@ -187,6 +204,7 @@ def init(topology: T.Topology | Any | None = None) -> None:
                     local_size=local_size, machine_rank=machine_rank,
                     machine_size=machine_size, homogeneous=homogeneous, timeout=timeout,
                     topology=T.exponential(size), machine_topology=T.exponential(machine_size))
+    _topology_changed()
     ffi.register_handlers()
     if topology is not None:
         set_topology(topology)
@@ -304,6 +322,7 @@ def set_topology(topology: T.Topology | Any | None = None) -> bool:
     topology = _as_topology(topology, state.size, "set_topology")
     _check_same_everywhere(state, topology, "set_topology")
     state.topology = topology
+    _topology_changed()
     return True
 
 
@@ -330,6 +349,7 @@ def set_machine_topology(topology: T.Topology | Any | None = None) -> bool:
     topology = _as_topology(topology, state.machine_size, "set_machine_topology")
     _check_same_everywhere(state, topology, "set_machine_topology")
     state.machine_topology = topology
+    _topology_changed()
     return True
 
 

@@ -15,9 +15,10 @@ import functools
 import hashlib
 from typing import Any, Callable, Mapping, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import core, dispatch, effects
+from jax._src import config, core, dispatch, effects
 from jax._src.interpreters import mlir
 
 from jaxfog import ffi, runtime
@@ -41,6 +42,24 @@ effects.lowerable_effects.add_type(CommEffect)
 effects.control_flow_allowed_effects.add_type(CommEffect)
 effects.custom_derivatives_allowed_effects.add_type(CommEffect)
 effects.remat_allowed_effects.add_type(CommEffect)
+
+
+# Ops read the current topology when they are traced. This counter, bumped by
+# set_topology/set_machine_topology, is part of JAX's trace context, so a
+# function jitted before the topology changed is traced again afterwards.
+topology_generation = config.int_state(
+    "jaxfog_topology_generation", 0, "jaxfog: how many times the topology was set",
+    include_in_jit_key=True, include_in_trace_context=True)
+
+
+def sync_topology_generation() -> None:
+    """Makes JAX's trace context follow the runtime's topology generation."""
+    generation = runtime.topology_generation()
+    if topology_generation.value != generation:
+        jax.config.update("jaxfog_topology_generation", generation)
+
+
+sync_topology_generation()
 
 
 def _attribute(value: Any):
