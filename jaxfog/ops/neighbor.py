@@ -86,9 +86,6 @@ batching.primitive_batchers[neighbor_allreduce_p] = _allreduce_batch
 
 def _step_operand(step: Any, plan: _plan.Plan) -> jax.Array:
     if step is None:
-        if plan.period > 1:
-            raise ValueError("neighbor_allreduce: a Schedule needs step= (a Python or "
-                             "traced integer)")
         step = 0
     step = jnp.asarray(step)
     if step.shape != () or not jnp.issubdtype(step.dtype, jnp.integer):
@@ -168,6 +165,8 @@ def neighbor_allreduce(x: Any, *, self_weight: float | None = None,
     leaves, treedef = jax.tree.flatten(x)
     leaves = [jnp.asarray(leaf) for leaf in leaves]
     check_leaves("neighbor_allreduce", leaves)
+    if isinstance(topology, T.Schedule) and step is None:
+        raise ValueError(f"{what}: a Schedule needs step= (a Python or traced integer)")
     rank = runtime.rank()
     plan = build_plan(topology, rank, self_weight, src_weights, dst_weights,
                       runtime.load_topology(), what)
