@@ -54,6 +54,25 @@ void Sum(size_t count, void* out_ptr, const void* self_ptr, double self_weight,
     w[j] = static_cast<A>(weights[j]);
   }
   const A sw = static_cast<A>(self_weight);
+  // Few neighbours (rings, one-peer graphs): one fused loop, no accumulator.
+  if (self != nullptr && k <= 2) {
+    const T* r0 = k > 0 ? src[0] : nullptr;
+    const T* r1 = k > 1 ? src[1] : nullptr;
+    const A w0 = k > 0 ? w[0] : A(0), w1 = k > 1 ? w[1] : A(0);
+    if (k == 0) {
+      for (size_t i = 0; i < count; ++i) out[i] = Traits::Store(sw * Traits::Load(self[i]));
+    } else if (k == 1) {
+      for (size_t i = 0; i < count; ++i) {
+        out[i] = Traits::Store(sw * Traits::Load(self[i]) + w0 * Traits::Load(r0[i]));
+      }
+    } else {
+      for (size_t i = 0; i < count; ++i) {
+        out[i] = Traits::Store(sw * Traits::Load(self[i]) + w0 * Traits::Load(r0[i]) +
+                               w1 * Traits::Load(r1[i]));
+      }
+    }
+    return;
+  }
   A acc[kBlock];
   for (size_t start = 0; start < count; start += kBlock) {
     const size_t n = std::min(kBlock, count - start);

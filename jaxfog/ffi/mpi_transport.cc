@@ -193,10 +193,11 @@ ffi::Error MpiTransport::WaitAll(std::vector<MPI_Request>& requests,
                                  const std::string& what) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  // Spin briefly for latency, then back off so that oversubscribed ranks
-  // (more ranks than cores) leave the CPU to the peers they wait for.
-  auto pause = std::chrono::microseconds(0);
-  constexpr auto kMaxPause = std::chrono::microseconds(500);
+  // MPI makes progress only while polled, so keep polling; yield the core
+  // between polls (ranks may outnumber cores), and only sleep once a wait has
+  // lasted long enough that latency no longer matters.
+  constexpr double kSleepAfterSeconds = 0.05;
+  constexpr auto kPause = std::chrono::microseconds(100);
   for (int polls = 0;; ++polls) {
     int done = 0;
     int code = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
@@ -223,9 +224,13 @@ ffi::Error MpiTransport::WaitAll(std::vector<MPI_Request>& requests,
                             ": a peer died, or ranks called different operations or "
                             "disagree on who sends to whom");
     }
-    if (polls > 2000) {
-      pause = std::min(kMaxPause, pause + std::chrono::microseconds(5));
-      std::this_thread::sleep_for(pause);
+    if ((polls & 63) == 63) {
+      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      if (waited > kSleepAfterSeconds) {
+        std::this_thread::sleep_for(kPause);
+      } else {
+        std::this_thread::yield();
+      }
     }
   }
 }

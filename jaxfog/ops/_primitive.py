@@ -44,6 +44,33 @@ effects.custom_derivatives_allowed_effects.add_type(CommEffect)
 effects.remat_allowed_effects.add_type(CommEffect)
 
 
+def _reuse_comm_tokens() -> None:
+    """Skips a no-op re-sharding of jaxfog's runtime token at every dispatch.
+
+    For an ordered effect JAX passes the previous computation's token into the
+    next one, and re-shards it first with ``device_put`` through a freshly made
+    ``Mesh``/``NamedSharding`` -- about 120 us per jitted call on CPU, even
+    when the token already lives on the one device the computation runs on.
+    For jaxfog's effect, in that single-device case, the token is passed as is.
+    """
+    original = dispatch.RuntimeTokenSet.get_token_input
+    if getattr(original, "_jaxfog", False):
+        return
+
+    def get_token_input(self, eff, devices):
+        token = self.current_tokens.get(eff)
+        if isinstance(eff, CommEffect) and isinstance(token, core.Token) and len(devices) == 1:
+            sharding = getattr(token._buf, "sharding", None)
+            if sharding is not None and sharding.device_set == {devices[0]}:
+                return token
+        return original(self, eff, devices)
+
+    get_token_input._jaxfog = True
+    dispatch.RuntimeTokenSet.get_token_input = get_token_input
+
+
+_reuse_comm_tokens()
+
 # Ops read the current topology when they are traced. This counter, bumped by
 # set_topology/set_machine_topology, is part of JAX's trace context, so a
 # function jitted before the topology changed is traced again afterwards.
