@@ -181,8 +181,9 @@ setup(
     cmdclass={"build_ext": BuildFfi},
     install_requires=_install_requires(),
     extras_require={
-        "demo": ["matplotlib", "networkx"],
-        "test": ["pytest>=7", "matplotlib", "networkx", "scipy"],
+        "demo": ["matplotlib", "networkx", "scikit-learn"],
+        "test": ["pytest>=7", "matplotlib", "networkx", "scipy", "scikit-learn"],
+        "bench": ["matplotlib", "mpi4jax"],
     },
     entry_points={"console_scripts": ["jaxfog=jaxfog.cli:main"]},
 )

@@ -1,0 +1,48 @@
+"""The examples, run as MPI processes, reach what their docstrings promise."""
+
+from __future__ import annotations
+
+from mpi_harness import mpi_test
+
+
+def _example(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@mpi_test(nprocs=(2, 4, 5))
+def test_average_consensus():
+    import jaxfog as jf
+
+    results = _example("average_consensus").main(["--steps", "8", "--dim", "64"])
+    n = jf.size()
+    for name, errors in results.items():
+        assert errors[0] == 1.0
+        assert errors[-1] <= errors[1] + 1e-15 and errors[1] < 1.0, name  # contracts
+    if n & (n - 1) == 0:  # one peer on 2^k ranks: exact after k steps
+        k = n.bit_length() - 1
+        assert results["one-peer exponential"][k] < 1e-14
+        assert results["one-peer exponential"][k - 1] > 1e-3
+
+
+@mpi_test(nprocs=(4,), timeout=180)
+def test_dgd_stalls_at_a_bias_that_shrinks_with_the_step():
+    history = _example("dgd_linear_regression").main(["--iterations", "1600",
+                                                       "--report-every", "400"])
+    (big_step, big), (small_step, small) = history.items()
+    assert small_step < big_step
+    assert abs(big[-1][1] - big[-2][1]) < 1e-3 * big[-1][1]  # stalled
+    assert 1e-3 < small[-1][1] < big[-1][1] < 0.5  # biased, less so with a smaller step
+
+
+@mpi_test(nprocs=(3, 4), timeout=180)
+def test_exact_diffusion_reaches_the_centralized_solution():
+    history = _example("exact_diffusion").main(["--iterations", "1800",
+                                                 "--report-every", "600"])
+    assert history[-1][1] < 1e-8
