@@ -62,9 +62,6 @@ def test_local_view_forms():
     src_w = [{j: float(rng.uniform(0.1, 1)) for j in topo.in_neighbors(i)} for i in range(n)]
     dst_w = [{i: float(rng.uniform(0.5, 2)) for i in topo.out_neighbors(j)} for j in range(n)]
     none = [{} for _ in range(n)]
-    step = jax.jit(jf.neighbor_allreduce, static_argnames=("self_weight", "src_weights",
-                                                             "dst_weights"))
-    del step  # dicts are not hashable: the local view is traced per call below
     # pull: self + src; senders are the static out-neighbours (weight 1).
     pull = local_view_matrix(n, self_w, src_w, none)
     y = jf.neighbor_allreduce(X[r], self_weight=self_w[r], src_weights=src_w[r])
@@ -176,8 +173,7 @@ def test_pytrees_dtypes_scalars_and_empty():
         np.testing.assert_allclose(out["bf16"].astype(np.float64), Y[r], rtol=2e-2, atol=2e-2)
         np.testing.assert_allclose(out["f32"], Y[r], rtol=1e-6)
         np.testing.assert_allclose(out["f64"], Y[r], rtol=1e-13)
-        np.testing.assert_allclose(out["c64"], W @ (X + 1j * X[:, ::-1]) [r] if False else
-                                   (W @ (X + 1j * X[:, ::-1]))[r], rtol=1e-5)
+        np.testing.assert_allclose(out["c64"], (W @ (X + 1j * X[:, ::-1]))[r], rtol=1e-5)
         np.testing.assert_allclose(out["scalar"], Y[r][0], rtol=1e-13)
         np.testing.assert_allclose(out["nested"][0][:, 0], Y[r], rtol=1e-13)
     # Integers: averaged in float64, rounded to nearest (ties to even).
