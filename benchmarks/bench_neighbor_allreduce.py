@@ -164,9 +164,9 @@ def bench_allreduce(sizes) -> list[dict]:
     return rows
 
 
-HEADER = (f"| graph | size | comm floor (us) | arith floor (us) | comm+numpy (us) | "
-          f"mpi4jax (us) | jaxfog (us) | jaxfog / (comm+arith) | jaxfog - comm (us) | "
-          f"mpi4jax / jaxfog |")
+HEADER = ("| graph | size | comm floor (us) | arith floor (us) | comm+numpy (us) | "
+          "mpi4jax (us) | jaxfog (us) | jaxfog / (comm+arith) | jaxfog - comm (us) | "
+          "mpi4jax / jaxfog |")
 
 
 def human(nbytes: int) -> str:
