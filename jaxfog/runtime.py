@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxfog import _context
 from jaxfog import topology as T
 
 #: Environment variables that fake the machine grouping (first one set wins).
@@ -240,38 +241,59 @@ def is_initialized() -> bool:
     return _state is not None
 
 
+def _agent_index(sim):
+    from jax import lax
+
+    return lax.axis_index(sim.axis_name)
+
+
 def rank() -> int:
-    """This process's rank in the world communicator."""
+    """This process's rank in the world communicator (in ``simulate``: the
+    traced index of the agent)."""
+    sim = _context.current()
+    if sim is not None:
+        return _agent_index(sim)
     return _require().rank
 
 
 def size() -> int:
     """Number of processes (agents)."""
-    return _require().size
+    sim = _context.current()
+    return sim.size if sim is not None else _require().size
 
 
 def local_rank() -> int:
     """Rank among the processes on this machine."""
+    sim = _context.current()
+    if sim is not None:
+        return _agent_index(sim) % sim.local_size
     return _require().local_rank
 
 
 def local_size() -> int:
     """Number of processes on this machine."""
-    return _require().local_size
+    sim = _context.current()
+    return sim.local_size if sim is not None else _require().local_size
 
 
 def machine_rank() -> int:
     """Index of this machine (``rank // local_size`` on homogeneous clusters)."""
+    sim = _context.current()
+    if sim is not None:
+        return _agent_index(sim) // sim.local_size
     return _require().machine_rank
 
 
 def machine_size() -> int:
     """Number of machines."""
-    return _require().machine_size
+    sim = _context.current()
+    return sim.machine_size if sim is not None else _require().machine_size
 
 
 def is_homogeneous() -> bool:
     """True if every machine runs the same number of processes."""
+    if _context.current() is not None:
+        return True
     return _require().homogeneous
 
 
@@ -318,6 +340,8 @@ def set_topology(topology: T.Topology | Any | None = None) -> bool:
     Returns:
       True once set (BlueFog compatible).
     """
+    _not_in_simulation("set_topology", "pass the topology to jaxfog.simulate, or "
+                       "topology= to the op")
     state = _require()
     topology = _as_topology(topology, state.size, "set_topology")
     _check_same_everywhere(state, topology, "set_topology")
@@ -328,23 +352,35 @@ def set_topology(topology: T.Topology | Any | None = None) -> bool:
 
 def load_topology() -> T.Topology:
     """The current global topology."""
-    return _require().topology
+    sim = _context.current()
+    return sim.topology if sim is not None else _require().topology
+
+
+def _not_in_simulation(what: str, instead: str) -> None:
+    if _context.current() is not None:
+        raise RuntimeError(f"jaxfog.{what}() cannot be used inside jaxfog.simulate: the "
+                           f"agent index is traced there; {instead}")
 
 
 def in_neighbor_ranks() -> list[int]:
     """Ranks this rank receives from in the current topology."""
+    _not_in_simulation("in_neighbor_ranks", "use jaxfog.load_topology().in_neighbors(r) "
+                       "with a concrete r")
     state = _require()
     return state.topology.in_neighbors(state.rank)
 
 
 def out_neighbor_ranks() -> list[int]:
     """Ranks this rank sends to in the current topology."""
+    _not_in_simulation("out_neighbor_ranks", "use jaxfog.load_topology().out_neighbors(r) "
+                       "with a concrete r")
     state = _require()
     return state.topology.out_neighbors(state.rank)
 
 
 def set_machine_topology(topology: T.Topology | Any | None = None) -> bool:
     """Sets the machine-level topology used by hierarchical averaging; collective."""
+    _not_in_simulation("set_machine_topology", "pass machine_topology= to jaxfog.simulate")
     state = _require()
     topology = _as_topology(topology, state.machine_size, "set_machine_topology")
     _check_same_everywhere(state, topology, "set_machine_topology")
@@ -355,7 +391,8 @@ def set_machine_topology(topology: T.Topology | Any | None = None) -> bool:
 
 def load_machine_topology() -> T.Topology:
     """The current machine-level topology."""
-    return _require().machine_topology
+    sim = _context.current()
+    return sim.machine_topology if sim is not None else _require().machine_topology
 
 
 def communicator():

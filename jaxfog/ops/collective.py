@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax._src import core
 from jax._src.interpreters import ad, batching
 
-from jaxfog import runtime
+from jaxfog import _context, runtime
 from jaxfog.ops._primitive import check_leaves, define, ready, signature
 from jaxfog.ops.neighbor import _linear_jvp, _move_batch_to_axis1
 
@@ -108,11 +108,23 @@ batching.primitive_batchers[allgather_p] = _allgather_batch
 
 
 def _leaves(op: str, x: Any):
-    ready()
+    """Flat checked leaves; requires init unless agents are being simulated."""
+    if _context.current() is None:
+        ready()
     leaves, treedef = jax.tree.flatten(x)
     leaves = [jnp.asarray(leaf) for leaf in leaves]
     check_leaves(op, leaves)
     return leaves, treedef
+
+
+def _simulated(op: str, leaves, **params):
+    """The op on simulated agents, or None outside ``jaxfog.simulate``."""
+    sim = _context.current()
+    if sim is None:
+        return None
+    from jaxfog import sim as simulation
+
+    return getattr(simulation, op)(leaves, sim, **params)
 
 
 def allreduce_leaves(leaves, *, mean: bool, comm_id: int) -> list:
@@ -128,7 +140,9 @@ def allreduce(x: Any, op: str = "mean", *, name: str | None = None) -> Any:
     if op not in ("mean", "sum"):
         raise ValueError(f"allreduce: op must be 'mean' or 'sum', got {op!r}")
     leaves, treedef = _leaves("allreduce", x)
-    outs = allreduce_leaves(leaves, mean=op == "mean", comm_id=runtime.WORLD_COMM_ID)
+    outs = _simulated("allreduce", leaves, mean=op == "mean")
+    if outs is None:
+        outs = allreduce_leaves(leaves, mean=op == "mean", comm_id=runtime.WORLD_COMM_ID)
     return jax.tree.unflatten(treedef, outs)
 
 
@@ -142,7 +156,9 @@ def broadcast(x: Any, root: int = 0, *, name: str | None = None) -> Any:
     size = runtime.size()
     if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < size:
         raise ValueError(f"broadcast: root must be a rank in [0, {size}), got {root!r}")
-    outs = broadcast_leaves(leaves, root=root, comm_id=runtime.WORLD_COMM_ID)
+    outs = _simulated("broadcast", leaves, root=root)
+    if outs is None:
+        outs = broadcast_leaves(leaves, root=root, comm_id=runtime.WORLD_COMM_ID)
     return jax.tree.unflatten(treedef, outs)
 
 
@@ -152,5 +168,7 @@ def allgather(x: Any, *, name: str | None = None) -> Any:
     All ranks must pass the same shapes (a scalar counts as shape ``(1,)``).
     """
     leaves, treedef = _leaves("allgather", x)
-    outs = allgather_p.bind(*leaves, size=runtime.size(), comm_id=runtime.WORLD_COMM_ID)
+    outs = _simulated("allgather", leaves)
+    if outs is None:
+        outs = allgather_p.bind(*leaves, size=runtime.size(), comm_id=runtime.WORLD_COMM_ID)
     return jax.tree.unflatten(treedef, outs)

@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 import jax
 
-from jaxfog import runtime
-from jaxfog.ops.collective import _leaves, allreduce_leaves, broadcast_leaves
+from jaxfog import _context, runtime
+from jaxfog.ops.collective import _leaves, _simulated, allreduce_leaves, broadcast_leaves
 from jaxfog.ops.neighbor import build_plan, neighbor_allreduce_leaves
 
 
@@ -34,6 +34,13 @@ def hierarchical_neighbor_allreduce(
     """
     leaves, treedef = _leaves("hierarchical_neighbor_allreduce", x)
     what = f"hierarchical_neighbor_allreduce{f' ({name})' if name else ''}"
+    if _context.current() is not None:
+        if not (self_weight is None and src_machine_weights is None
+                and dst_machine_weights is None):
+            raise TypeError(f"{what}: in jaxfog.simulate the machine weights come from "
+                            "simulate(machine_topology=...), not per-rank dicts")
+        return jax.tree.unflatten(treedef, _simulated("hierarchical_neighbor_allreduce",
+                                                      leaves))
     machine_topology = runtime.load_machine_topology()
     plan = build_plan(None, runtime.machine_rank(), self_weight, src_machine_weights,
                       dst_machine_weights, machine_topology, what)

@@ -15,7 +15,7 @@ import numpy as np
 from jax._src import core
 from jax._src.interpreters import ad, batching
 
-from jaxfog import runtime
+from jaxfog import _context, runtime
 from jaxfog import topology as T
 from jaxfog.ops import _plan
 from jaxfog.ops._primitive import check_leaves, define, ready, signature
@@ -160,13 +160,20 @@ def neighbor_allreduce(x: Any, *, self_weight: float | None = None,
     Differentiable (the adjoint averages with ``W^T``) and batchable (one
     message for the whole batch).
     """
-    ready()
     what = f"neighbor_allreduce{f' ({name})' if name else ''}"
     leaves, treedef = jax.tree.flatten(x)
     leaves = [jnp.asarray(leaf) for leaf in leaves]
     check_leaves("neighbor_allreduce", leaves)
     if isinstance(topology, T.Schedule) and step is None:
         raise ValueError(f"{what}: a Schedule needs step= (a Python or traced integer)")
+    sim = _context.current()
+    if sim is not None:
+        from jaxfog import sim as simulation
+
+        return jax.tree.unflatten(treedef, simulation.neighbor_allreduce(
+            leaves, sim, topology=topology, step=step, self_weight=self_weight,
+            src_weights=src_weights, dst_weights=dst_weights))
+    ready()
     rank = runtime.rank()
     plan = build_plan(topology, rank, self_weight, src_weights, dst_weights,
                       runtime.load_topology(), what)
@@ -294,10 +301,16 @@ def neighbor_allgather(x: Any, *, src_ranks: Sequence[int] | None = None,
     counts as shape ``(1,)``. Every neighbour must have the same shapes.
     Linear: the adjoint sums each block back to the rank it came from.
     """
-    ready()
     leaves, treedef = jax.tree.flatten(x)
     leaves = [jnp.asarray(leaf) for leaf in leaves]
     check_leaves("neighbor_allgather", leaves)
+    sim = _context.current()
+    if sim is not None:
+        from jaxfog import sim as simulation
+
+        return jax.tree.unflatten(treedef, simulation.neighbor_allgather(
+            leaves, sim, src_ranks=src_ranks))
+    ready()
     rank, size, topo = runtime.rank(), runtime.size(), runtime.load_topology()
     recv = (tuple(topo.in_neighbors(rank)) if src_ranks is None
             else _gather_ranks(src_ranks, size, rank, "neighbor_allgather: src_ranks"))
