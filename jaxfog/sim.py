@@ -262,3 +262,75 @@ def hierarchical_neighbor_allreduce(leaves, sim) -> list:
         w = np.kron(sim.machine_topology.weights, np.eye(size_l))  # machine m' -> m, same l
         out.append(_finish(_mix_leaf(mean, w, sim).astype(acc), x.dtype))
     return out
+
+
+# --- one program, any scale -------------------------------------------------
+
+
+class Agents:
+    """Runs per-agent code on this job's MPI processes, or on simulated agents.
+
+    Under a launcher (``jaxfog run -np N``) each of the N processes is one
+    agent and holds its own data. With a plain ``python`` (one process),
+    ``simulated`` agents run in this process through :func:`simulate`, their
+    data stacked along a leading axis. Scripts written against this class run
+    unchanged both ways::
+
+        agents = jaxfog.Agents(simulated=8)
+        x = agents.data(lambda r: np.full(3, float(r)))   # rank r's value
+        step = agents.map(jaxfog.neighbor_allreduce)      # jitted, per agent
+        x = step(x)
+        print(agents.mean(agents.map(jnp.sum)(x)))        # a float, same everywhere
+
+    Args:
+      simulated: number of agents when not launched by MPI.
+      topology: a Topology, or a function of the number of agents returning
+        one (default: the exponential graph). Under MPI it becomes the
+        runtime's topology (``set_topology``).
+      local_size: agents per simulated machine (see :func:`simulate`).
+    """
+
+    def __init__(self, simulated: int = 4, topology: Any = None, *, local_size: int = 1):
+        from jaxfog import runtime
+
+        runtime.init()
+        self.simulated = runtime.size() == 1 and simulated > 1
+        self.size = simulated if self.simulated else runtime.size()
+        if callable(topology):
+            topology = topology(self.size)
+        self.topology = T.exponential(self.size) if topology is None else topology
+        self.local_size = local_size
+        if not self.simulated:
+            runtime.set_topology(self.topology)
+
+    @property
+    def is_root(self) -> bool:
+        """True in the process that should print (rank 0, or the simulation)."""
+        from jaxfog import runtime
+
+        return self.simulated or runtime.rank() == 0
+
+    def data(self, make: Callable[[int], Any]) -> Any:
+        """``make(rank)`` for this process's agent, or stacked over all agents."""
+        from jaxfog import runtime
+
+        if not self.simulated:
+            return jax.tree.map(jnp.asarray, make(runtime.rank()))
+        values = [make(r) for r in range(self.size)]
+        return jax.tree.map(lambda *leaves: jnp.stack([jnp.asarray(v) for v in leaves]),
+                            *values)
+
+    def map(self, fn: Callable, *, in_axes: Any = 0, out_axes: Any = 0) -> Callable:
+        """``fn`` jitted for one agent (MPI) or for all agents (simulation)."""
+        if not self.simulated:
+            return jax.jit(fn)
+        return jax.jit(simulate(fn, self.topology, local_size=self.local_size,
+                                in_axes=in_axes, out_axes=out_axes))
+
+    def mean(self, value: Any) -> Any:
+        """The average over agents of a per-agent value, as numpy (same on every rank)."""
+        if self.simulated:
+            return np.asarray(jnp.mean(jnp.asarray(value), axis=0))
+        from jaxfog.ops import allreduce
+
+        return np.asarray(allreduce(jnp.asarray(value)))

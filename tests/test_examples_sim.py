@@ -1,0 +1,51 @@
+"""The examples with a plain ``python`` (no launcher): simulated agents, same results."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import jax
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def restore_x64():
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
+@pytest.mark.parametrize("agents", [8, 6])
+def test_average_consensus_simulated(agents, capsys):
+    results = _example("average_consensus").main(["--steps", "4", "--dim", "32",
+                                                  "--agents", str(agents)])
+    assert f"{agents} simulated agents" in capsys.readouterr().out
+    one_peer = results["one-peer exponential"]
+    if agents == 8:
+        assert one_peer[3] < 1e-14 < one_peer[2]  # exact after log2(8) steps
+    for errors in results.values():
+        assert errors[-1] < errors[1] < 1.0
+
+
+def test_exact_diffusion_simulated():
+    history = _example("exact_diffusion").main(["--iterations", "1800", "--report-every",
+                                                "600", "--agents", "4"])
+    assert history[-1][1] < 1e-8
+
+
+def test_dgd_simulated_stalls_at_the_same_bias_as_mpi():
+    history = _example("dgd_linear_regression").main(["--iterations", "800",
+                                                      "--report-every", "400",
+                                                      "--agents", "4"])
+    (_, big), (_, small) = history.items()
+    assert abs(big[-1][1] - 9.766e-2) < 1e-4  # the MPI run's bias (4 processes)
+    assert small[-1][1] < big[-1][1]
