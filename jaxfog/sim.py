@@ -280,7 +280,7 @@ class Agents:
         x = agents.data(lambda r: np.full(3, float(r)))   # rank r's value
         step = agents.map(jaxfog.neighbor_allreduce)      # jitted, per agent
         x = step(x)
-        print(agents.mean(agents.map(jnp.sum)(x)))        # a float, same everywhere
+        total = agents.mean(agents.map(jnp.sum)(x))       # collective: every rank calls it
 
     Args:
       simulated: number of agents when not launched by MPI.
