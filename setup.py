@@ -161,7 +161,7 @@ class BuildFfi(build_ext):
 
 
 def _install_requires() -> list[str]:
-    requires = ["jax>=0.5", "jaxlib>=0.5", "numpy>=1.24", "mpi4py>=4.0"]
+    requires = ["jax>=0.5", "jaxlib>=0.5", "numpy>=1.24", "mpi4py>=4.0", "optax"]
     if _system_mpicxx() is None:
         requires.append("mpich")
     return requires
