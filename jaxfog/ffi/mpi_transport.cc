@@ -128,13 +128,22 @@ std::string Seconds(double seconds) {
   return text;
 }
 
-// Abandons pending requests after an error: receives are cancelled (their
-// buffers are about to be reused), sends are left to complete or not.
+// Abandons pending requests after an error. Their receive buffers are about
+// to be reused, so cancellations are given up to a second to complete (a
+// cancelled receive completes at once); what is still pending after that (a
+// send that cannot be cancelled) is released to finish on its own.
 void Abandon(std::vector<MPI_Request>& requests) {
   for (MPI_Request& request : requests) {
-    if (request == MPI_REQUEST_NULL) continue;
-    MPI_Cancel(&request);
-    MPI_Request_free(&request);
+    if (request != MPI_REQUEST_NULL) MPI_Cancel(&request);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  int done = 0;
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
+                MPI_STATUSES_IGNORE);
+  }
+  for (MPI_Request& request : requests) {
+    if (request != MPI_REQUEST_NULL) MPI_Request_free(&request);
   }
 }
 
@@ -271,24 +280,26 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
       return fail(rc, "MPI_Isend of a header to rank " + std::to_string(sends[i].peer));
     }
   }
-  for (const RecvSpec& recv : recvs) {
-    for (const auto& chunk : Chunks(Runs(recv.pieces), max_message_bytes_)) {
+  auto post_data = [&](const auto& pieces, int peer, bool send) -> int {
+    for (const auto& chunk : Chunks(Runs(pieces), max_message_bytes_)) {
       data_requests.emplace_back(MPI_REQUEST_NULL);
-      data_owners.push_back("data from rank " + std::to_string(recv.peer));
-      if (int rc = PostChunk(chunk, false, recv.peer, comm_, &data_requests.back());
+      data_owners.push_back((send ? "the send to rank " : "data from rank ") +
+                            std::to_string(peer));
+      if (int rc = PostChunk(chunk, send, peer, comm_, &data_requests.back());
           rc != MPI_SUCCESS) {
-        return fail(rc, "MPI_Irecv from rank " + std::to_string(recv.peer));
+        return rc;
       }
+    }
+    return MPI_SUCCESS;
+  };
+  for (const RecvSpec& recv : recvs) {
+    if (int rc = post_data(recv.pieces, recv.peer, false); rc != MPI_SUCCESS) {
+      return fail(rc, "MPI_Irecv from rank " + std::to_string(recv.peer));
     }
   }
   for (const SendSpec& send : sends) {
-    for (const auto& chunk : Chunks(Runs(send.pieces), max_message_bytes_)) {
-      data_requests.emplace_back(MPI_REQUEST_NULL);
-      data_owners.push_back("the send to rank " + std::to_string(send.peer));
-      if (int rc = PostChunk(chunk, true, send.peer, comm_, &data_requests.back());
-          rc != MPI_SUCCESS) {
-        return fail(rc, "MPI_Isend to rank " + std::to_string(send.peer));
-      }
+    if (int rc = post_data(send.pieces, send.peer, true); rc != MPI_SUCCESS) {
+      return fail(rc, "MPI_Isend to rank " + std::to_string(send.peer));
     }
   }
   // Headers first: a peer in another op, or with another shape, is named

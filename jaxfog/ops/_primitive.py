@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src import config, core, dispatch, effects
-from jax._src.interpreters import mlir
+from jax._src.interpreters import ad, mlir
 
 from jaxfog import ffi, runtime
 
@@ -170,3 +170,43 @@ def ready() -> None:
     """Raises if jaxfog is not initialised; registers the handlers once."""
     runtime._require()
     ffi.register_handlers()
+
+
+def _differentiable(aval) -> bool:
+    return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def linear_jvp(prim, n_static: int):
+    """jvp of a primitive linear in its operands after the first ``n_static``:
+    the same op on the (non-zero, differentiable) tangents."""
+
+    def jvp(primals, tangents, **params):
+        static, xs = primals[:n_static], primals[n_static:]
+        outs = prim.bind(*static, *xs, **params)
+        live = [i for i, t in enumerate(tangents[n_static:])
+                if type(t) is not ad.Zero and _differentiable(jax.typeof(xs[i]))]
+        tangent_outs = [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
+        if live:
+            moved = prim.bind(*static, *(tangents[n_static + i] for i in live), **params)
+            for i, t in zip(live, moved):
+                tangent_outs[i] = t
+        return outs, tangent_outs
+
+    return jvp
+
+
+def linear_transpose(adjoint, n_static: int = 0):
+    """Transpose rule calling ``adjoint(static, cotangents, xs, **params)`` on the
+    non-zero cotangents only (zero ones stay symbolic: no communication)."""
+
+    def transpose(cts, *args, **params):
+        static, xs = args[:n_static], args[n_static:]
+        live = [i for i, ct in enumerate(cts) if type(ct) is not ad.Zero]
+        results: list[Any] = [None] * n_static + [ad.Zero(x.aval) for x in xs]
+        if live:
+            back = adjoint(static, [cts[i] for i in live], [xs[i] for i in live], **params)
+            for i, ct in zip(live, back):
+                results[n_static + i] = ct
+        return results
+
+    return transpose

@@ -15,8 +15,9 @@ from jax._src import core
 from jax._src.interpreters import ad, batching
 
 from jaxfog import _context, runtime
-from jaxfog.ops._primitive import check_leaves, define, ready, signature
-from jaxfog.ops.neighbor import _linear_jvp, _move_batch_to_axis1
+from jaxfog.ops._primitive import (check_leaves, define, linear_jvp, linear_transpose,
+                                   ready, signature)
+from jaxfog.ops.neighbor import _move_batch_to_axis1
 
 
 def _same_avals(*avals, **params):
@@ -42,38 +43,24 @@ allgather_p = define(
                                      "signature": signature("allgather", avals)})
 
 for _p in (allreduce_p, broadcast_p, allgather_p):
-    ad.primitive_jvps[_p] = _linear_jvp(_p, 0)
+    ad.primitive_jvps[_p] = linear_jvp(_p, 0)
 
 
-def _live_transpose(compute):
-    """Transpose rule that runs `compute(live_cotangents, xs)` on non-zero ones."""
-    def transpose(cts, *xs, **params):
-        live = [i for i, ct in enumerate(cts) if type(ct) is not ad.Zero]
-        results: list[Any] = [ad.Zero(x.aval) for x in xs]
-        if live:
-            back = compute([cts[i] for i in live], [xs[i] for i in live], **params)
-            for i, ct in zip(live, back):
-                results[i] = ct
-        return results
-
-    return transpose
+ad.primitive_transposes[allreduce_p] = linear_transpose(
+    lambda static, cts, xs, **params: allreduce_p.bind(*cts, **params))
 
 
-ad.primitive_transposes[allreduce_p] = _live_transpose(
-    lambda cts, xs, **params: allreduce_p.bind(*cts, **params))
-
-
-def _broadcast_adjoint(cts, xs, *, root, comm_id):
+def _broadcast_adjoint(static, cts, xs, *, root, comm_id):
     summed = allreduce_p.bind(*cts, mean=False, comm_id=comm_id)
     is_root = runtime.rank() == root if comm_id == runtime.WORLD_COMM_ID else (
         runtime.local_rank() == root)
     return [s if is_root else jnp.zeros_like(s) for s in summed]
 
 
-ad.primitive_transposes[broadcast_p] = _live_transpose(_broadcast_adjoint)
+ad.primitive_transposes[broadcast_p] = linear_transpose(_broadcast_adjoint)
 
 
-def _allgather_adjoint(cts, xs, *, size, comm_id):
+def _allgather_adjoint(static, cts, xs, *, size, comm_id):
     summed = allreduce_p.bind(*cts, mean=False, comm_id=comm_id)
     rank = runtime.rank()
     outs = []
@@ -84,7 +71,7 @@ def _allgather_adjoint(cts, xs, *, size, comm_id):
     return outs
 
 
-ad.primitive_transposes[allgather_p] = _live_transpose(_allgather_adjoint)
+ad.primitive_transposes[allgather_p] = linear_transpose(_allgather_adjoint)
 
 
 def _elementwise_batch(prim):

@@ -18,7 +18,8 @@ from jax._src.interpreters import ad, batching
 from jaxfog import _context, runtime
 from jaxfog import topology as T
 from jaxfog.ops import _plan
-from jaxfog.ops._primitive import check_leaves, define, ready, signature
+from jaxfog.ops._primitive import (check_leaves, define, linear_jvp, linear_transpose,
+                                   ready, signature)
 
 # --- neighbor_allreduce ----------------------------------------------------
 
@@ -34,44 +35,12 @@ neighbor_allreduce_p = define(
     _allreduce_attributes)
 
 
-def _differentiable(aval) -> bool:
-    return jnp.issubdtype(aval.dtype, jnp.inexact)
+ad.primitive_jvps[neighbor_allreduce_p] = linear_jvp(neighbor_allreduce_p, 1)
 
 
-def _linear_jvp(prim, n_static: int):
-    """jvp of a primitive linear in its operands after the first `n_static`:
-    the same op on the (non-zero) tangents."""
-
-    def jvp(primals, tangents, **params):
-        static, xs = primals[:n_static], primals[n_static:]
-        outs = prim.bind(*static, *xs, **params)
-        live = [i for i, t in enumerate(tangents[n_static:])
-                if type(t) is not ad.Zero and _differentiable(jax.typeof(xs[i]))]
-        tangent_outs = [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
-        if live:
-            moved = prim.bind(*static, *(tangents[n_static + i] for i in live), **params)
-            for i, t in zip(live, moved):
-                tangent_outs[i] = t
-        return outs, tangent_outs
-
-    return jvp
-
-
-ad.primitive_jvps[neighbor_allreduce_p] = _linear_jvp(neighbor_allreduce_p, 1)
-
-
-def _allreduce_transpose(cts, step, *xs, plan, comm_id):
-    live = [i for i, ct in enumerate(cts) if type(ct) is not ad.Zero]
-    results: list[Any] = [None] + [ad.Zero(x.aval) for x in xs]
-    if live:
-        back = neighbor_allreduce_p.bind(step, *(cts[i] for i in live), plan=plan.transpose(),
-                                         comm_id=comm_id)
-        for i, ct in zip(live, back):
-            results[1 + i] = ct
-    return results
-
-
-ad.primitive_transposes[neighbor_allreduce_p] = _allreduce_transpose
+ad.primitive_transposes[neighbor_allreduce_p] = linear_transpose(
+    lambda static, cts, xs, *, plan, comm_id: neighbor_allreduce_p.bind(
+        *static, *cts, plan=plan.transpose(), comm_id=comm_id), n_static=1)
 
 
 def _allreduce_batch(args, dims, *, plan, comm_id):
@@ -220,24 +189,17 @@ neighbor_reduce_scatter_p = define(
         core.ShapedArray(s, a.dtype) for s, a in zip(out_shapes, avals)],
     _gather_attributes("neighbor_reduce_scatter"))
 
-ad.primitive_jvps[neighbor_allgather_p] = _linear_jvp(neighbor_allgather_p, 0)
-ad.primitive_jvps[neighbor_reduce_scatter_p] = _linear_jvp(neighbor_reduce_scatter_p, 0)
+ad.primitive_jvps[neighbor_allgather_p] = linear_jvp(neighbor_allgather_p, 0)
+ad.primitive_jvps[neighbor_reduce_scatter_p] = linear_jvp(neighbor_reduce_scatter_p, 0)
 
 
 def _gather_transpose(adjoint):
-    def transpose(cts, *xs, send_ranks, recv_ranks, out_shapes, comm_id):
-        live = [i for i, ct in enumerate(cts) if type(ct) is not ad.Zero]
-        results: list[Any] = [ad.Zero(x.aval) for x in xs]
-        if live:
-            back = adjoint.bind(*(cts[i] for i in live), send_ranks=recv_ranks,
-                                recv_ranks=send_ranks,
-                                out_shapes=tuple(xs[i].aval.shape for i in live),
-                                comm_id=comm_id)
-            for i, ct in zip(live, back):
-                results[i] = ct
-        return results
+    """Swap the directions: what was sent comes back, what came in goes out."""
+    def back(static, cts, xs, *, send_ranks, recv_ranks, out_shapes, comm_id):
+        return adjoint.bind(*cts, send_ranks=recv_ranks, recv_ranks=send_ranks,
+                            out_shapes=tuple(x.aval.shape for x in xs), comm_id=comm_id)
 
-    return transpose
+    return linear_transpose(back)
 
 
 ad.primitive_transposes[neighbor_allgather_p] = _gather_transpose(neighbor_reduce_scatter_p)
