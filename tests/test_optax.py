@@ -1,6 +1,7 @@
 """jaxfog.optax on simulated agents: exact methods reach the centralized
-optimum of heterogeneous least squares; diffusion stalls at a bias that
-shrinks with the step size; push-sum averages exactly on a directed graph."""
+optimum of heterogeneous least squares and logistic regression; diffusion
+stalls at a bias that shrinks with the step size; push-sum averages exactly on
+a directed graph."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import jaxfog as jf
 import jaxfog.optax as jfo
 import jaxfog.topology as T
+import optax_cases as oc
 
 
 @pytest.fixture(autouse=True)
@@ -21,76 +23,42 @@ def x64():
         yield
 
 
-def least_squares(n: int):
-    """scikit-learn's diabetes rows, sorted by target and split into n blocks
-    (heterogeneous), zero-padded to one length; a small ridge for conditioning."""
-    from sklearn.datasets import load_diabetes
-
-    features, target = load_diabetes(return_X_y=True)
-    a = np.hstack([(features - features.mean(0)) / features.std(0), np.ones((442, 1))])
-    b = (target - target.mean()) / target.std()
-    order = np.argsort(b, kind="stable")
-    a, b = a[order], b[order]
-    ridge = 30.0
-    x_star = np.linalg.solve(a.T @ a + ridge * np.eye(11), a.T @ b)
-    rows = -(-442 // n)
-    A, B = np.zeros((n, rows, 11)), np.zeros((n, rows))
-    for i, block in enumerate(np.array_split(np.arange(442), n)):
-        A[i, :len(block)], B[i, :len(block)] = a[block], b[block]
-    lipschitz = max(np.linalg.eigvalsh(A[i].T @ A[i])[-1] for i in range(n)) + ridge / n
-    return A, B, x_star, ridge, lipschitz
-
-
-def run(optimizer, topology, n: int, steps: int):
+def run(optimizer, topology, problem: oc.Problem, steps: int):
     """Relative distance of every agent's iterate to the centralized optimum."""
-    A, B, x_star, ridge, _ = least_squares(n)
-
-    def agent(a, b):
-        def loss(x):
-            return 0.5 * jnp.sum((a @ x - b) ** 2) + 0.5 * ridge / n * jnp.sum(x ** 2)
-
-        x0 = jnp.zeros(11)
-        state = optimizer.init(x0)
-
-        def step(carry, _):
-            x, state = carry
-            updates, state = optimizer.update(jax.grad(loss)(x), state, x)
-            return (optax.apply_updates(x, updates), state), None
-
-        return jax.lax.scan(step, (x0, state), None, length=steps)[0][0]
-
-    X = jax.jit(jf.simulate(agent, topology))(A, B)
-    return np.linalg.norm(X - x_star, axis=1) / np.linalg.norm(x_star)
+    n = topology.size
+    X = jax.jit(jf.simulate(oc.train(optimizer, problem, n, steps), topology))(
+        problem.A, problem.B)
+    return np.linalg.norm(X - problem.optimum, axis=1) / np.linalg.norm(problem.optimum)
 
 
 @pytest.mark.parametrize("n", [4, 8])
-def test_exact_methods_reach_the_centralized_optimum(n):
-    lr = 1.0 / least_squares(n)[4]
-    ring = T.ring(n)
-    assert run(jfo.exact_diffusion(lr, topology=ring), ring, n, 2500).max() < 1e-8
-    assert run(jfo.gradient_tracking(lr / 2, topology=ring), ring, n, 3000).max() < 1e-8
-    assert run(jfo.gradient_allreduce(optax.sgd(lr)), ring, n, 1500).max() < 1e-8
-    expo = T.exponential(n)  # directed
-    assert run(jfo.push_diging(lr / 4, topology=expo), expo, n, 6000).max() < 1e-8
+@pytest.mark.parametrize("make_problem", [oc.least_squares, oc.logistic])
+def test_exact_methods_reach_the_centralized_optimum(make_problem, n):
+    problem = make_problem(n)
+    for name, optimizer, topology, steps in oc.exact_cases(n, problem):
+        assert run(optimizer, topology, problem, steps).max() < 1e-8, name
 
 
 def test_time_varying_graph_in_the_state():
     n = 8
-    lr = 1.0 / least_squares(n)[4]
+    problem = oc.least_squares(n)
     schedule = T.one_peer_exponential(n)
-    assert run(jfo.exact_diffusion(lr, topology=schedule), n, n, 4000).max() < 1e-8
+    optimizer = jfo.exact_diffusion(1.0 / problem.lipschitz, topology=schedule)
+    assert run(optimizer, T.exponential(n), problem, 4000).max() < 1e-8
 
 
+@pytest.mark.parametrize("make_problem", [oc.least_squares, oc.logistic])
 @pytest.mark.parametrize("make", [jfo.atc, jfo.awc])
-def test_diffusion_stalls_at_a_bias_that_shrinks_with_the_step(make):
+def test_diffusion_stalls_at_a_bias_that_shrinks_with_the_step(make, make_problem):
     n = 4
-    lr = 0.5 / least_squares(n)[4]  # AWC needs lr < (1 + lambda_min(W)) / L
+    problem = make_problem(n)
+    lr = 0.5 / problem.lipschitz  # AWC needs lr < (1 + lambda_min(W)) / L
     ring = T.ring(n)
-    big = run(make(optax.sgd(lr), topology=ring), ring, n, 3000)
-    small = run(make(optax.sgd(lr / 4), topology=ring), ring, n, 12000)
-    assert 1e-4 < small.max() < big.max() < 0.5
+    big = run(make(optax.sgd(lr), topology=ring), ring, problem, 3000)
+    small = run(make(optax.sgd(lr / 4), topology=ring), ring, problem, 12000)
+    assert 1e-5 < small.max() < 0.5 * big.max() < 0.25
     if make is jfo.atc:  # averaging globally every step is gradient descent: exact
-        every = run(make(optax.sgd(lr), topology=ring, global_every=1), ring, n, 6000)
+        every = run(make(optax.sgd(lr), topology=ring, global_every=1), ring, problem, 6000)
         assert every.max() < 1e-8
 
 

@@ -1,0 +1,142 @@
+"""Heterogeneous decentralized problems and optimizer cases for jaxfog.optax,
+shared by the simulated tests and the MPI-vs-simulation tests.
+
+Both problems take scikit-learn's rows sorted by target (so every agent sees a
+different slice: heterogeneous data), deal them to n agents in contiguous
+blocks zero-padded to one length (a zero row changes no local loss), and add a
+ridge term of total weight ``ridge`` split evenly over the agents:
+
+* least squares (diabetes):  f_i(x) = 1/2 ||A_i x - b_i||^2 + ridge/(2n) ||x||^2
+* logistic regression (breast cancer, labels y in {-1, 1}, padding y = 0):
+  f_i(x) = sum_k log(1 + exp(-y_k a_k.x)) + ridge/(2n) ||x||^2
+
+``optimum`` is the centralized minimiser of sum_i f_i, computed in numpy
+(a linear solve, or Newton's method to machine precision).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+import jaxfog.topology as T
+
+
+class Problem(NamedTuple):
+    name: str
+    A: np.ndarray          # (n, rows, d)
+    B: np.ndarray          # (n, rows)
+    ridge: float
+    optimum: np.ndarray    # (d,)
+    lipschitz: float       # max_i L_i
+
+    def loss(self, n: int) -> Callable:
+        """The per-agent loss f_i(x; a, b) in jax."""
+        import jax.numpy as jnp
+
+        ridge = self.ridge / n
+        if self.name == "least squares":
+            return lambda x, a, b: (0.5 * jnp.sum((a @ x - b) ** 2)
+                                    + 0.5 * ridge * jnp.sum(x ** 2))
+        return lambda x, a, b: (jnp.sum(jnp.logaddexp(0.0, -b * (a @ x)) * (b != 0))
+                                + 0.5 * ridge * jnp.sum(x ** 2))
+
+
+def _standardize(features: np.ndarray) -> np.ndarray:
+    features = (features - features.mean(0)) / features.std(0)
+    return np.hstack([features, np.ones((len(features), 1))])
+
+
+def _deal(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(b, kind="stable")
+    a, b = a[order], b[order]
+    rows = -(-len(b) // n)
+    A, B = np.zeros((n, rows, a.shape[1])), np.zeros((n, rows))
+    for i, block in enumerate(np.array_split(np.arange(len(b)), n)):
+        A[i, :len(block)], B[i, :len(block)] = a[block], b[block]
+    return A, B
+
+
+def least_squares(n: int, ridge: float = 30.0) -> Problem:
+    from sklearn.datasets import load_diabetes
+
+    features, target = load_diabetes(return_X_y=True)
+    a, b = _standardize(features), (target - target.mean()) / target.std()
+    optimum = np.linalg.solve(a.T @ a + ridge * np.eye(a.shape[1]), a.T @ b)
+    A, B = _deal(a, b, n)
+    lipschitz = max(np.linalg.eigvalsh(x.T @ x)[-1] for x in A) + ridge / n
+    return Problem("least squares", A, B, ridge, optimum, float(lipschitz))
+
+
+def logistic(n: int, ridge: float = 30.0) -> Problem:
+    from sklearn.datasets import load_breast_cancer
+
+    features, labels = load_breast_cancer(return_X_y=True)
+    a, y = _standardize(features), 2.0 * labels - 1.0
+    x = np.zeros(a.shape[1])
+    for _ in range(50):  # Newton's method; quadratic convergence from 0
+        p = 1.0 / (1.0 + np.exp(y * (a @ x)))  # sigma(-y a.x)
+        grad = -a.T @ (y * p) + ridge * x
+        hess = a.T @ (a * (p * (1 - p))[:, None]) + ridge * np.eye(len(x))
+        x -= np.linalg.solve(hess, grad)
+    assert np.linalg.norm(grad) < 1e-10
+    A, B = _deal(a, y, n)
+    lipschitz = max(0.25 * np.linalg.eigvalsh(z.T @ z)[-1] for z in A) + ridge / n
+    return Problem("logistic", A, B, ridge, x, float(lipschitz))
+
+
+def train(optimizer, problem: Problem, n: int, steps: int) -> Callable:
+    """Per-agent training: ``fn(a, b) -> x after steps``, on any backend."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    loss = problem.loss(n)
+
+    def agent(a, b):
+        x0 = jnp.zeros(problem.A.shape[-1], a.dtype)
+
+        def step(carry, _):
+            x, state = carry
+            updates, state = optimizer.update(jax.grad(loss)(x, a, b), state, x)
+            return (optax.apply_updates(x, updates), state), None
+
+        return jax.lax.scan(step, (x0, optimizer.init(x0)), None, length=steps)[0][0]
+
+    return agent
+
+
+def exact_cases(n: int, problem: Problem):
+    """(name, optimizer, topology for simulate, steps) that reach the optimum
+    to 1e-8 relative error in float64."""
+    import optax
+
+    import jaxfog.optax as jfo
+
+    lr = 1.0 / problem.lipschitz
+    ring, expo = T.ring(n), T.exponential(n)  # expo is directed (non-symmetric)
+    long = 2 if problem.name == "logistic" else 1
+    yield "exact_diffusion", jfo.exact_diffusion(lr, topology=ring), ring, 2500 * long
+    yield "gradient_tracking", jfo.gradient_tracking(lr / 2, topology=ring), ring, 3000 * long
+    yield "gradient_allreduce", jfo.gradient_allreduce(optax.sgd(lr)), ring, 1500 * long
+    yield "push_diging", jfo.push_diging(lr / 4, topology=expo), expo, 6000 * long
+
+
+def all_cases(n: int, problem: Problem):
+    """Every transformation, a few steps each: for iterate agreement."""
+    import optax
+
+    import jaxfog.optax as jfo
+
+    lr = 0.5 / problem.lipschitz
+    expo, schedule = T.exponential(n), T.one_peer_exponential(n)
+    yield "atc", jfo.atc(optax.sgd(lr)), expo
+    yield "atc one-peer schedule", jfo.atc(optax.sgd(lr), topology=schedule), expo
+    yield "atc global_every=3", jfo.atc(optax.sgd(lr, momentum=0.5), global_every=3), expo
+    yield "awc", jfo.awc(optax.adam(1e-2)), expo
+    yield "gradient_allreduce", jfo.gradient_allreduce(optax.sgd(lr)), expo
+    yield "gradient_tracking", jfo.gradient_tracking(lr, topology=schedule), expo
+    yield "exact_diffusion", jfo.exact_diffusion(lr), expo
+    yield "push_sum", jfo.push_sum(optax.sgd(lr)), expo
+    yield "push_diging", jfo.push_diging(lr / 2, topology=schedule), expo
