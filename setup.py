@@ -181,8 +181,10 @@ setup(
     cmdclass={"build_ext": BuildFfi},
     install_requires=_install_requires(),
     extras_require={
-        "demo": ["matplotlib", "networkx", "scikit-learn"],
-        "test": ["pytest>=7", "matplotlib", "networkx", "scipy", "scikit-learn"],
+        "demo": ["flax", "matplotlib", "networkx", "scikit-learn"],
+        "checkpoint": ["orbax-checkpoint"],
+        "test": ["pytest>=7", "flax", "matplotlib", "networkx", "orbax-checkpoint", "scipy",
+                 "scikit-learn"],
         "bench": ["matplotlib", "mpi4jax"],
     },
     entry_points={"console_scripts": ["jaxfog=jaxfog.cli:main"]},

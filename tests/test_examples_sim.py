@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import jax
@@ -14,6 +15,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 def _example(name: str):
     spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses (flax modules) look their module up
     spec.loader.exec_module(module)
     return module
 

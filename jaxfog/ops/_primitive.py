@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src import config, core, dispatch, effects
-from jax._src.interpreters import ad, mlir
+from jax._src.interpreters import ad, mlir, pxla
 
 from jaxfog import ffi, runtime
 
@@ -70,6 +70,34 @@ def _reuse_comm_tokens() -> None:
 
 
 _reuse_comm_tokens()
+
+
+def _no_aot_fast_path_for_comm() -> None:
+    """Keeps ahead-of-time compiled functions with jaxfog ops on the token path.
+
+    ``jit(f).lower(...).compile()`` installs JAX's C++ fast path after the
+    first call unless the computation has host callbacks or unordered effects;
+    it forgets ordered effects (JAX 0.10), so the second call would be made
+    without the runtime token ("supplied 3 arguments but compiled program
+    expected 4"). For computations with jaxfog's effect the fast path is
+    refused and every call goes through JAX's token-threading Python path,
+    as ``jax.jit`` does.
+    """
+    original = getattr(pxla.MeshExecutable, "create_cpp_call", None)
+    if original is None or getattr(original, "_jaxfog", False):
+        return
+
+    def create_cpp_call(self, params):
+        ordered = getattr(self.unsafe_call, "ordered_effects", ()) or ()
+        if any(isinstance(e, CommEffect) for e in ordered):
+            return None
+        return original(self, params)
+
+    create_cpp_call._jaxfog = True
+    pxla.MeshExecutable.create_cpp_call = create_cpp_call
+
+
+_no_aot_fast_path_for_comm()
 
 # Ops read the current topology when they are traced. This counter, bumped by
 # set_topology/set_machine_topology, is part of JAX's trace context, so a

@@ -1,0 +1,57 @@
+"""The README's main job: the Flax digits demo, on simulated agents and as 4
+MPI processes under ``jaxfog run``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from test_examples_sim import EXAMPLES, _example
+
+SHORT = ["--epochs", "6", "--methods", "allreduce,atc,awc", "--graphs", "one-peer",
+         "--no-progress", "--quiet"]
+
+
+def _results(out: Path) -> dict:
+    return json.loads((out / "train_digits.json").read_text())["results"]
+
+
+def test_decentralized_training_is_within_one_point_of_allreduce(tmp_path, capsys):
+    results = _example("train_digits").main(["--out", str(tmp_path), "--no-progress"])
+    text = capsys.readouterr().out
+    assert "### Summary (4 simulated agents)" in text and "| 60 |" in text
+    for name in ("train_digits.png", "train_digits.md", "train_digits.json"):
+        assert (tmp_path / name).stat().st_size > 1000, name
+    assert set(results) == {"allreduce", "atc exponential", "awc exponential",
+                            "atc one-peer", "awc one-peer"}
+    baseline = results["allreduce"][-1]["test_accuracy"]
+    assert baseline > 95.0
+    for label, rows in results.items():
+        assert rows[-1]["test_accuracy"] >= baseline - 1.0, label
+        assert rows[-1]["loss"] < 0.5 * rows[0]["loss"], label
+        if label != "allreduce":  # the agents agree more as the step size decays
+            assert rows[-1]["spread"] < 0.5 * rows[0]["spread"], label
+    kb = {label: rows[0]["bytes_per_step"] for label, rows in results.items()}
+    assert kb["atc exponential"] == 2 * kb["atc one-peer"]  # two out-neighbours vs one
+
+
+def test_mpi_processes_train_like_the_simulated_agents(tmp_path):
+    command = [sys.executable, "-m", "jaxfog.cli", "run", "-np", "4", sys.executable,
+               str(EXAMPLES / "train_digits.py"), "--out", str(tmp_path / "mpi"), *SHORT]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=280,
+                         env={**os.environ, "JAXFOG_TIMEOUT": "60"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "### Summary (4 MPI processes)" in run.stdout
+    _example("train_digits").main(["--out", str(tmp_path / "sim"), *SHORT])
+    on_mpi, simulated = _results(tmp_path / "mpi"), _results(tmp_path / "sim")
+    assert set(on_mpi) == set(simulated) == {"allreduce", "atc one-peer", "awc one-peer"}
+    for label in on_mpi:
+        for mpi_row, sim_row in zip(on_mpi[label], simulated[label]):
+            # float32, summed in another order: the same training to rounding.
+            np.testing.assert_allclose(mpi_row["step_losses"], sim_row["step_losses"],
+                                       rtol=1e-3, err_msg=label)
+            assert abs(mpi_row["test_accuracy"] - sim_row["test_accuracy"]) <= 0.5, label
