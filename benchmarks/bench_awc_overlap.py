@@ -1,0 +1,174 @@
+"""Does XLA overlap AWC's exchange with the backward pass? (issue: optax)
+
+Run with ``jaxfog run -np 2 python benchmarks/bench_awc_overlap.py``.
+
+In ``awc`` (x+ = W x + u) the exchange of x does not depend on the gradient,
+so within one jitted train step XLA is free to run it while the backward pass
+computes; in ``atc`` (x+ = W (x + u)) it must wait for the gradient. For an
+MLP whose exchange and backward pass take similar time it times, as the
+median of the slowest rank's blocking time per step:
+
+* ``compute``: the train step without communication (``communication="none"``),
+* ``comm``: ``neighbor_allreduce`` of the parameters alone,
+* ``atc`` and ``awc``: the full steps.
+
+Overlap is ``(compute + comm - awc) / min(compute, comm)``: 0 for none, 1 for
+complete. Then it records one ``awc`` step with ``jax.profiler`` (a Perfetto
+trace) on rank 0 and reports, from the trace, when the jaxfog custom call ran
+relative to the backward pass's matrix products: the timeline. Rank 0 writes
+the tables under ``benchmarks/results/awc_overlap.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import jaxfog as jf
+
+jf.init()
+from mpi4py import MPI  # noqa: E402  (after init: jaxfog picks the MPI library)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+
+import jaxfog.optax as jfo  # noqa: E402
+import jaxfog.topology as T  # noqa: E402
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def timeit(fn, repeats: int, warmup: int = 3) -> float:
+    """Median over repeats of the slowest rank's time for one blocking call (ms)."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        COMM.Barrier()
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    slowest = np.empty(repeats)
+    COMM.Allreduce(np.array(times), slowest, op=MPI.MAX)
+    return float(np.median(slowest) * 1e3)
+
+
+def mlp(width: int, depth: int):
+    keys = jax.random.split(jax.random.key(0), depth)
+    return [jax.random.normal(k, (width, width), jnp.float32) / np.sqrt(width) for k in keys]
+
+
+def loss(params, x):
+    for w in params:
+        x = jnp.tanh(x @ w)
+    return jnp.mean(x ** 2)
+
+
+def steps(params, batch: int, width: int):
+    x = jax.random.normal(jax.random.key(RANK + 1), (batch, width), jnp.float32)
+
+    def train(optimizer):
+        state = optimizer.init(params)
+
+        @jax.jit
+        def step(params, state):
+            updates, state = optimizer.update(jax.grad(loss)(params, x), state, params)
+            return optax.apply_updates(params, updates), state
+
+        return lambda: step(params, state)
+
+    inner = optax.sgd(1e-3)
+    exchange = jax.jit(jf.neighbor_allreduce)
+    return {"compute": train(jfo.awc(inner, communication="none")),
+            "comm": lambda: exchange(params),
+            "atc": train(jfo.atc(inner)),
+            "awc": train(jfo.awc(inner))}
+
+
+def trace_events(fn) -> list[dict]:
+    """Complete events ("X") of one call of ``fn`` from a jax.profiler Perfetto trace."""
+    jax.block_until_ready(fn())
+    with tempfile.TemporaryDirectory() as directory:
+        jax.profiler.start_trace(directory, create_perfetto_trace=True)
+        jax.block_until_ready(fn())
+        jax.profiler.stop_trace()
+        files = glob.glob(os.path.join(directory, "**", "*.trace.json.gz"), recursive=True)
+        if not files:
+            return []
+        with gzip.open(files[0]) as f:
+            trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    return [e for e in events if e.get("ph") == "X" and "dur" in e]
+
+
+def timeline(events: list[dict]) -> list[tuple[str, float, float, object]]:
+    """(name, start ms, end ms, thread) of the step's XLA ops (thunks), by start."""
+    executor = {e.get("tid") for e in events if e["name"].startswith("ThunkExecutor")}
+    ops = [e for e in events if e.get("tid") in executor and e["dur"] >= 50
+           and not e["name"].startswith(("$", "ThunkExecutor", "SlinkyThreadPool"))]
+    if not ops:
+        return []
+    t0 = min(e["ts"] for e in ops)
+    return sorted(((e["name"], (e["ts"] - t0) / 1e3, (e["ts"] + e["dur"] - t0) / 1e3,
+                    e.get("tid")) for e in ops), key=lambda row: row[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--batches", default="64,256,1024")
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    jf.set_topology(T.exponential(SIZE))
+    params = mlp(args.width, args.depth)
+    megabytes = sum(p.nbytes for p in params) / 1e6
+    rows = []
+    for batch in map(int, args.batches.split(",")):
+        times = {name: timeit(fn, args.repeats)
+                 for name, fn in steps(params, batch, args.width).items()}
+        overlap = ((times["compute"] + times["comm"] - times["awc"])
+                   / min(times["compute"], times["comm"]))
+        rows.append({"batch": batch, **times, "overlap": overlap})
+    events = trace_events(steps(params, int(args.batches.split(",")[-1]), args.width)["awc"])
+    if RANK != 0:
+        return
+    lines = [f"# AWC: exchange vs backward pass ({SIZE} ranks, MLP {args.depth} x "
+             f"{args.width}^2 float32 = {megabytes:.1f} MB exchanged per step)", "",
+             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+             f"jax {jax.__version__}. Median of the slowest rank's time per step.", "",
+             "| batch | compute (ms) | comm (ms) | atc (ms) | awc (ms) | compute + comm | "
+             "overlap |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['batch']} | {r['compute']:.2f} | {r['comm']:.2f} | {r['atc']:.2f} "
+                     f"| {r['awc']:.2f} | {r['compute'] + r['comm']:.2f} "
+                     f"| {r['overlap']:.2f} |")
+    ops = timeline(events)
+    lines += ["", f"Timeline of one awc step (batch {rows[-1]['batch']}, rank 0, "
+              "jax.profiler), XLA ops of 50 us or more in start order:", "",
+              "| op | start (ms) | end (ms) | thread |", "|---|---:|---:|---|"]
+    lines += [f"| {name} | {start:.3f} | {end:.3f} | {tid} |" for name, start, end, tid in ops]
+    if not ops:
+        lines.append("| (the profiler recorded no XLA op events) | | | |")
+    text = "\n".join(lines)
+    print(text)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "awc_overlap.md").write_text(text + "\n")
+    (RESULTS / "awc_overlap.json").write_text(json.dumps(
+        {"ranks": SIZE, "megabytes": megabytes, "rows": rows, "timeline": ops}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
