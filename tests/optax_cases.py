@@ -135,6 +135,7 @@ def all_cases(n: int, problem: Problem):
     yield "atc one-peer schedule", jfo.atc(optax.sgd(lr), topology=schedule), expo
     yield "atc global_every=3", jfo.atc(optax.sgd(lr, momentum=0.5), global_every=3), expo
     yield "awc", jfo.awc(optax.adam(1e-2)), expo
+    yield "awc allreduce", jfo.awc(optax.sgd(lr), communication="allreduce"), expo
     yield "gradient_allreduce", jfo.gradient_allreduce(optax.sgd(lr)), expo
     yield "gradient_tracking", jfo.gradient_tracking(lr, topology=schedule), expo
     yield "exact_diffusion", jfo.exact_diffusion(lr), expo

@@ -98,3 +98,44 @@ def test_update_needs_params():
     with pytest.raises(ValueError, match="communication must be one of"):
         jf.simulate(lambda x: jfo.atc(optax.sgd(0.1), communication="gossip").update(
             x, jfo.atc(optax.sgd(0.1)).init(x), x)[0], 2)(jnp.zeros((2, 2)))
+
+
+def test_atc_composes_with_chain_and_schedules():
+    """atc(chain(clip, sgd(schedule))) is W (x + u) with u from the chain, by numpy."""
+    n, steps = 4, 3
+    ring = T.ring(n)
+    schedule = optax.linear_schedule(0.5, 0.1, steps)
+    inner = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(schedule))
+    X = np.random.default_rng(1).standard_normal((n, 3))
+    target = np.random.default_rng(2).standard_normal((n, 3))
+
+    def agent(x, t):
+        opt = jfo.atc(inner, topology=ring)
+        state = opt.init(x)
+        for _ in range(steps):
+            updates, state = opt.update(x - t, state, x)
+            x = optax.apply_updates(x, updates)
+        return x
+
+    got = jax.jit(jf.simulate(agent, ring))(X, target)
+    x = X.copy()
+    for k in range(steps):
+        g = x - target
+        g = g * np.minimum(1.0, 1.0 / np.linalg.norm(g, axis=1, keepdims=True))
+        x = ring.weights @ (x - float(schedule(k)) * g)
+    np.testing.assert_allclose(got, x, rtol=1e-6)  # optax schedules compute in float32
+
+
+def test_gradient_methods_follow_gradient_transformations_in_a_chain():
+    """chain(clip, exact_diffusion): the clipping is applied before the step."""
+    n = 4
+    X = np.zeros((n, 2))
+    big = np.full((n, 2), 100.0)
+
+    def agent(x, g):
+        opt = optax.chain(optax.clip(0.5), jfo.exact_diffusion(1.0, topology=T.ring(n)))
+        updates, _ = opt.update(g, opt.init(x), x)
+        return optax.apply_updates(x, updates)
+
+    got = jax.jit(jf.simulate(agent, n))(X, big)
+    np.testing.assert_allclose(got, np.full((n, 2), -0.5), rtol=1e-12)
