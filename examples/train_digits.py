@@ -87,9 +87,9 @@ def methods(n: int, names: list[str], graphs: list[str], lr: float, momentum: fl
     def inner():  # the step size decays to 0, which also removes diffusion's bias
         return optax.sgd(optax.cosine_decay_schedule(lr, total_steps), momentum=momentum)
 
-    def out_degree(topology) -> float:
+    def out_degree(topology) -> float:  # averaged over agents and schedule entries
         entries = list(topology) if isinstance(topology, T.Schedule) else [topology]
-        return float(np.mean([np.count_nonzero(t.weights) - n for t in entries]) / n)
+        return float(np.mean([len(t.out_neighbors(r)) for t in entries for r in range(n)]))
 
     topologies = {"exponential": T.exponential(n), "one-peer": T.one_peer_exponential(n)}
     runs = []

@@ -86,22 +86,16 @@ class CheckpointManager:
                 f"process(es); this run has {self.size}. Restore with the same number of "
                 "processes (each rank restores its own agent).")
 
-    def _agree(self, value: int, op: str) -> int:
-        if self._comm is None:
-            return value
-        from mpi4py import MPI
-
-        return self._comm.allreduce(value, op=MPI.MIN if op == "min" else MPI.MAX)
-
     def save(self, step: int, state: Any, *, force: bool = False) -> bool:
         """Saves this rank's ``state`` (any pytree of arrays) as ``step``.
 
         Every rank must call it with the same step. Returns whether a
         checkpoint was written (orbax skips steps by ``save_interval_steps``).
         """
-        if self._agree(int(step), "min") != self._agree(int(step), "max"):
-            raise ValueError(f"jaxfog.checkpoint.save: ranks disagree on the step (rank "
-                             f"{self.rank} has {step})")
+        steps = [int(step)] if self._comm is None else self._comm.allgather(int(step))
+        if len(set(steps)) > 1:
+            passed = ", ".join(f"rank {r}: {s}" for r, s in enumerate(steps))
+            raise ValueError(f"jaxfog.checkpoint.save: ranks disagree on the step ({passed})")
         return self._manager.save(int(step), args=self._ocp.args.StandardSave(state),
                                   force=force)
 
@@ -120,11 +114,11 @@ class CheckpointManager:
 
     def restore(self, step: int | None, like: Any) -> Any:
         """This rank's state at ``step`` (default: ``latest_step()``), shaped like ``like``."""
-        step = self.latest_step() if step is None else int(step)
-        if step is None or step not in self.all_steps():
+        steps = self.all_steps()
+        step = (steps[-1] if steps else None) if step is None else int(step)
+        if step not in steps:
             raise FileNotFoundError(f"jaxfog.checkpoint: no checkpoint of step {step} on "
-                                    f"every rank in {self.directory} "
-                                    f"(have {self.all_steps()})")
+                                    f"every rank in {self.directory} (have {steps})")
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), like)
         return self._manager.restore(step, args=self._ocp.args.StandardRestore(target))
 

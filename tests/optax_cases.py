@@ -1,12 +1,13 @@
 """Heterogeneous decentralized problems and optimizer cases for jaxfog.optax,
 shared by the simulated tests and the MPI-vs-simulation tests.
 
-Both problems take scikit-learn's rows sorted by target (so every agent sees a
-different slice: heterogeneous data), deal them to n agents in contiguous
+Both problems take scikit-learn's rows sorted by target (so every agent sees
+a different slice: heterogeneous data), deal them to n agents in contiguous
 blocks zero-padded to one length (a zero row changes no local loss), and add a
 ridge term of total weight ``ridge`` split evenly over the agents:
 
-* least squares (diabetes):  f_i(x) = 1/2 ||A_i x - b_i||^2 + ridge/(2n) ||x||^2
+* least squares (diabetes, the examples' problem from examples/_regression_data.py):
+  f_i(x) = 1/2 ||A_i x - b_i||^2 + ridge/(2n) ||x||^2
 * logistic regression (breast cancer, labels y in {-1, 1}, padding y = 0):
   f_i(x) = sum_k log(1 + exp(-y_k a_k.x)) + ridge/(2n) ||x||^2
 
@@ -16,11 +17,15 @@ ridge term of total weight ``ridge`` split evenly over the agents:
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 import numpy as np
 
 import jaxfog.topology as T
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # _regression_data
 
 
 class Problem(NamedTuple):
@@ -58,15 +63,13 @@ def _deal(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]
     return A, B
 
 
-def least_squares(n: int, ridge: float = 30.0) -> Problem:
-    from sklearn.datasets import load_diabetes
+def least_squares(n: int) -> Problem:
+    """The examples' ridge regression (examples/_regression_data.py), stacked."""
+    import _regression_data as data
 
-    features, target = load_diabetes(return_X_y=True)
-    a, b = _standardize(features), (target - target.mean()) / target.std()
-    optimum = np.linalg.solve(a.T @ a + ridge * np.eye(a.shape[1]), a.T @ b)
-    A, B = _deal(a, b, n)
-    lipschitz = max(np.linalg.eigvalsh(x.T @ x)[-1] for x in A) + ridge / n
-    return Problem("least squares", A, B, ridge, optimum, float(lipschitz))
+    blocks = [data.load(r, n) for r in range(n)]
+    A, B = np.stack([a for a, _, _ in blocks]), np.stack([b for _, b, _ in blocks])
+    return Problem("least squares", A, B, data.RIDGE, blocks[0][2], data.smoothness(n))
 
 
 def logistic(n: int, ridge: float = 30.0) -> Problem:

@@ -75,6 +75,8 @@ def save_then_continue():
     state, train = _training()
     with CheckpointManager(os.environ["CKPT_DIR"], max_to_keep=2) as manager:
         assert manager.latest_step() is None
+        with pytest.raises(ValueError, match="ranks disagree on the step .rank 0: 0, rank 1: 1"):
+            manager.save(jf.rank(), state)  # every rank raises; nothing is written
         state = train(state, 0, STEPS // 2)
         manager.save(STEPS // 2, state)
         state = train(state, STEPS // 2, STEPS)
@@ -96,6 +98,9 @@ def restore_and_continue():
     fresh, train = _training()
     with CheckpointManager(os.environ["CKPT_DIR"]) as manager:
         assert manager.all_steps() == [STEPS // 2, STEPS]
+        missing = r"no checkpoint of step 5 .* \(have \[6, 12\]\)"
+        with pytest.raises(FileNotFoundError, match=missing):
+            manager.restore(5, like=fresh)
         state = manager.restore(None, like=fresh)  # the latest: STEPS
     assert int(state[1].count) == STEPS
     state = train(state, STEPS, 2 * STEPS)
