@@ -10,12 +10,18 @@ median of the slowest rank's blocking time per step:
 
 * ``compute``: the train step without communication (``communication="none"``),
 * ``comm``: ``neighbor_allreduce`` of the parameters alone,
-* ``atc`` and ``awc``: the full steps.
+* ``atc`` and ``awc``: the full steps,
 
-Overlap is ``(compute + comm - awc) / min(compute, comm)``: 0 for none, 1 for
-complete. Then it records one ``awc`` step with ``jax.profiler`` (a Perfetto
-trace) on rank 0 and reports, from the trace, when the jaxfog custom call ran
-relative to the backward pass's matrix products: the timeline. Rank 0 writes
+each with the exchange run inline on XLA's thread (``set_async_min_bytes(None)``)
+and from jaxfog's communication thread (``set_async_min_bytes(0)``). Overlap is
+``(compute + comm - awc) / min(compute, comm)``: 0 for none, 1 for complete.
+
+A second scenario makes rank 1 a straggler: it starts each step ``compute`` ms
+late, and rank 0's ``awc`` step is timed. Inline, rank 0 waits and then computes
+(about 2 x compute); async, its backward pass fills the wait (about 1 x).
+
+Then it records one async ``awc`` step with ``jax.profiler`` (a Perfetto trace)
+on rank 0 and lists the XLA ops in start order: the timeline. Rank 0 writes
 the tables under ``benchmarks/results/awc_overlap.{md,json}``.
 """
 
@@ -76,6 +82,20 @@ def loss(params, x):
     return jnp.mean(x ** 2)
 
 
+def late_peer_time(fn, delay: float, repeats: int) -> float:
+    """Median of rank 0's time for one call while rank 1 starts ``delay`` s late (ms)."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        COMM.Barrier()
+        if RANK == 1:
+            time.sleep(delay)
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return COMM.bcast(float(np.median(times) * 1e3), root=0)
+
+
 def steps(params, batch: int, width: int):
     x = jax.random.normal(jax.random.key(RANK + 1), (batch, width), jnp.float32)
 
@@ -87,7 +107,8 @@ def steps(params, batch: int, width: int):
             updates, state = optimizer.update(jax.grad(loss)(params, x), state, params)
             return optax.apply_updates(params, updates), state
 
-        return lambda: step(params, state)
+        compiled = step.lower(params, state).compile()  # compile before the timing
+        return lambda: compiled(params, state)
 
     inner = optax.sgd(1e-3)
     exchange = jax.jit(jf.neighbor_allreduce)
@@ -137,27 +158,50 @@ def main() -> None:
     megabytes = sum(p.nbytes for p in params) / 1e6
     rows = []
     for batch in map(int, args.batches.split(",")):
-        times = {name: timeit(fn, args.repeats)
-                 for name, fn in steps(params, batch, args.width).items()}
-        overlap = ((times["compute"] + times["comm"] - times["awc"])
-                   / min(times["compute"], times["comm"]))
-        rows.append({"batch": batch, **times, "overlap": overlap})
+        fns = steps(params, batch, args.width)
+        row = {"batch": batch}
+        for mode, threshold in (("inline", None), ("async", 0)):
+            jf.set_async_min_bytes(threshold)
+            times = {name: timeit(fn, args.repeats) for name, fn in fns.items()}
+            if mode == "inline":
+                row.update(compute=times["compute"], comm=times["comm"])
+            row[f"atc {mode}"], row[f"awc {mode}"] = times["atc"], times["awc"]
+            row[f"overlap {mode}"] = ((times["compute"] + times["comm"] - times["awc"])
+                                      / min(times["compute"], times["comm"]))
+            row[f"late peer {mode}"] = late_peer_time(fns["awc"], row["compute"] / 1e3,
+                                                      args.repeats)
+        rows.append(row)
+    jf.set_async_min_bytes(0)
     events = trace_events(steps(params, int(args.batches.split(",")[-1]), args.width)["awc"])
     if RANK != 0:
         return
     lines = [f"# AWC: exchange vs backward pass ({SIZE} ranks, MLP {args.depth} x "
              f"{args.width}^2 float32 = {megabytes:.1f} MB exchanged per step)", "",
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-             f"jax {jax.__version__}. Median of the slowest rank's time per step.", "",
-             "| batch | compute (ms) | comm (ms) | atc (ms) | awc (ms) | compute + comm | "
-             "overlap |", "|---:|---:|---:|---:|---:|---:|---:|"]
+             f"jax {jax.__version__}. Median of the slowest rank's time per step (ms); "
+             "inline: the exchange runs on XLA's thread, async: on jaxfog's "
+             "communication thread.", "",
+             "| batch | compute | comm | atc inline | atc async | awc inline | awc async "
+             "| overlap inline | overlap async |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['batch']} | {r['compute']:.2f} | {r['comm']:.2f} | {r['atc']:.2f} "
-                     f"| {r['awc']:.2f} | {r['compute'] + r['comm']:.2f} "
-                     f"| {r['overlap']:.2f} |")
+        lines.append(f"| {r['batch']} | {r['compute']:.2f} | {r['comm']:.2f} "
+                     f"| {r['atc inline']:.2f} | {r['atc async']:.2f} "
+                     f"| {r['awc inline']:.2f} | {r['awc async']:.2f} "
+                     f"| {r['overlap inline']:.2f} | {r['overlap async']:.2f} |")
+    lines += ["", "Rank 1 a straggler, starting each step `compute` ms late: rank 0's awc "
+              "step (ms) and its ratio to `compute`.", "",
+              "| batch | compute | awc inline | ratio | awc async | ratio |",
+              "|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['batch']} | {r['compute']:.2f} | {r['late peer inline']:.2f} "
+                     f"| {r['late peer inline'] / r['compute']:.2f} "
+                     f"| {r['late peer async']:.2f} "
+                     f"| {r['late peer async'] / r['compute']:.2f} |")
     ops = timeline(events)
-    lines += ["", f"Timeline of one awc step (batch {rows[-1]['batch']}, rank 0, "
-              "jax.profiler), XLA ops of 50 us or more in start order:", "",
+    lines += ["", f"Timeline of one async awc step (batch {rows[-1]['batch']}, rank 0, "
+              "jax.profiler), XLA ops of 50 us or more in start order (the custom call "
+              "returns at once; its messages move on the communication thread):", "",
               "| op | start (ms) | end (ms) | thread |", "|---|---:|---:|---|"]
     lines += [f"| {name} | {start:.3f} | {end:.3f} | {tid} |" for name, start, end, tid in ops]
     if not ops:

@@ -10,6 +10,7 @@ from typing import Any
 from jaxfog import topology
 from jaxfog.runtime import (
     NotInitializedError,
+    async_min_bytes,
     in_neighbor_ranks,
     init,
     is_homogeneous,
@@ -22,6 +23,7 @@ from jaxfog.runtime import (
     machine_size,
     out_neighbor_ranks,
     rank,
+    set_async_min_bytes,
     set_machine_topology,
     set_topology,
     shutdown,

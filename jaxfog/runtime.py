@@ -37,6 +37,14 @@ DEFAULT_TIMEOUT_SECONDS = 600.0
 #: Largest single MPI message; bigger ones travel in pieces (MPI counts are ints).
 MAX_MESSAGE_ENV = "JAXFOG_MAX_MESSAGE_BYTES"
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
+#: Messages of at least this many bytes are sent from jaxfog's communication
+#: thread, so that XLA runs the work that does not need them meanwhile (awc's
+#: exchange beside the backward pass); smaller ones run inline, where handing
+#: them over would cost more than it hides. ``off`` runs everything inline.
+#: Unset: ``ASYNC_MIN_BYTES`` when every rank of this machine has two cores (MPI
+#: progresses only while polled, so the thread needs a core of its own), else off.
+ASYNC_MIN_BYTES_ENV = "JAXFOG_ASYNC_MIN_BYTES"
+ASYNC_MIN_BYTES = 1 << 16
 
 # Communicator ids in the C++ registry: the world duplicate, the ranks of this
 # machine, and the machines' local rank 0s (registered on those ranks only).
@@ -61,6 +69,7 @@ class _State:
     machine_size: int
     homogeneous: bool
     timeout: float
+    async_min_bytes: int  # -1: every op inline
     topology: T.Topology
     machine_topology: T.Topology
 
@@ -112,6 +121,21 @@ def _max_message_from_env() -> int:
         return DEFAULT_MAX_MESSAGE_BYTES
     if not text.isdigit() or not 1 <= int(text) < 2**31:
         raise ValueError(f"{MAX_MESSAGE_ENV}={text!r} must be an integer in [1, 2**31)")
+    return int(text)
+
+
+def _async_min_bytes_from_env(local_size: int) -> int:
+    """The async threshold for the C++ library; -1 means never."""
+    text = os.environ.get(ASYNC_MIN_BYTES_ENV, "").strip().lower()
+    if not text:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        return ASYNC_MIN_BYTES if cores >= 2 * local_size else -1
+    if text == "off":
+        return -1
+    if not text.isdigit():
+        raise ValueError(f"{ASYNC_MIN_BYTES_ENV}={text!r} must be a number of bytes "
+                         "(0: every message) or 'off'")
     return int(text)
 
 
@@ -197,6 +221,8 @@ def init(topology: T.Topology | Any | None = None) -> None:
             comms[LEADERS_COMM_ID] = leaders
         for comm_id, member in comms.items():
             _register(lib, comm_id, member, timeout, max_message)
+        async_min_bytes = _async_min_bytes_from_env(local_size)
+        lib.jaxfog_set_async_min_bytes(async_min_bytes)
     except BaseException:
         _release(lib, comms)
         raise
@@ -204,6 +230,7 @@ def init(topology: T.Topology | Any | None = None) -> None:
     _state = _State(comm=comm, comms=comms, rank=rank, size=size, local_rank=local_rank,
                     local_size=local_size, machine_rank=machine_rank,
                     machine_size=machine_size, homogeneous=homogeneous, timeout=timeout,
+                    async_min_bytes=async_min_bytes,
                     topology=T.exponential(size), machine_topology=T.exponential(machine_size))
     _topology_changed()
     ffi.register_handlers()
@@ -300,6 +327,31 @@ def is_homogeneous() -> bool:
 def timeout() -> float:
     """Seconds a communicating op waits for a peer before failing (0: forever)."""
     return _require().timeout
+
+
+def async_min_bytes() -> int | None:
+    """Messages of at least this size run on the communication thread; None: none do."""
+    value = _require().async_min_bytes
+    return None if value < 0 else value
+
+
+def set_async_min_bytes(min_bytes: int | None) -> None:
+    """Sends messages of at least ``min_bytes`` from the communication thread.
+
+    A communicating op then returns to XLA at once and completes when its
+    messages have arrived, so work that does not need them runs meanwhile (awc's
+    exchange of x beside the backward pass). ``None`` runs every op inline on
+    XLA's thread. Takes effect for the next op; ranks may differ. The default
+    comes from ``JAXFOG_ASYNC_MIN_BYTES`` (see ``ASYNC_MIN_BYTES_ENV``).
+    """
+    state = _require()
+    if min_bytes is not None and (not isinstance(min_bytes, (int, np.integer))
+                                  or isinstance(min_bytes, bool) or min_bytes < 0):
+        raise ValueError(f"min_bytes must be a non-negative integer or None, got {min_bytes!r}")
+    from jaxfog import ffi
+
+    state.async_min_bytes = -1 if min_bytes is None else int(min_bytes)
+    ffi.library().jaxfog_set_async_min_bytes(state.async_min_bytes)
 
 
 def _as_topology(topology: Any, expected_size: int, what: str) -> T.Topology:

@@ -11,6 +11,10 @@ from jaxfog.testing import run_mpi
 
 #: Rank counts every multi-rank test runs with by default: even, power of 2, odd.
 DEFAULT_NPROCS = (2, 4, 5)
+#: Runs on this many ranks send every message from the communication thread
+#: (``JAXFOG_ASYNC_MIN_BYTES=0``); the others use the default for the machine, which
+#: is inline on a machine with fewer than two cores per rank.
+ALL_ASYNC_NPROCS = 2
 
 
 def mpi_test(nprocs: Sequence[int] = DEFAULT_NPROCS, *, timeout: float = 120,
@@ -26,7 +30,9 @@ def mpi_test(nprocs: Sequence[int] = DEFAULT_NPROCS, *, timeout: float = 120,
 
         @pytest.mark.parametrize("nprocs", nprocs)
         def test(nprocs: int) -> None:
-            result = run_mpi(nprocs, file, body.__name__, timeout=timeout, env=env)
+            mode = {"JAXFOG_ASYNC_MIN_BYTES": "0"} if nprocs == ALL_ASYNC_NPROCS else {}
+            result = run_mpi(nprocs, file, body.__name__, timeout=timeout,
+                             env={**mode, **(env or {})})
             if not result.ok:
                 pytest.fail(result.report(), pytrace=False)
 

@@ -54,6 +54,44 @@ def test_bad_timeout_is_rejected(fresh, monkeypatch):
         jf.init()
 
 
+def test_bad_async_threshold_is_rejected(fresh, monkeypatch):
+    monkeypatch.setenv("JAXFOG_ASYNC_MIN_BYTES", "1MB")
+    with pytest.raises(ValueError, match="JAXFOG_ASYNC_MIN_BYTES='1mb' must be a number"):
+        jf.init()
+
+
+def test_async_threshold_can_change_between_ops(fresh):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    jf.init()
+    x = jnp.arange(50000.0)
+    total = jax.jit(jf.allreduce)
+    for threshold in (0, None, 1 << 30, 0):
+        jf.set_async_min_bytes(threshold)
+        assert jf.async_min_bytes() == threshold
+        np.testing.assert_array_equal(total(x), x)
+    for bad in (-1, 1.5, "64k", True):
+        with pytest.raises(ValueError, match="non-negative integer or None"):
+            jf.set_async_min_bytes(bad)
+
+
+@pytest.mark.parametrize("text, cores, local_size, expected", [
+    ("", 8, 4, 1 << 16),  # two cores per rank: the communication thread has one
+    ("", 4, 4, -1),  # one core per rank: polling would steal it from XLA
+    ("0", 1, 4, 0),
+    ("off", 64, 1, -1),
+    (" 4096 ", 1, 1, 4096),
+])
+def test_async_threshold_from_environment(monkeypatch, text, cores, local_size, expected):
+    from jaxfog import runtime
+
+    monkeypatch.setenv("JAXFOG_ASYNC_MIN_BYTES", text)
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda _: set(range(cores)))
+    assert runtime._async_min_bytes_from_env(local_size) == expected
+
+
 def test_info_reports_versions_mpi_and_library():
     import jax
     from mpi4py import MPI

@@ -2,12 +2,17 @@
 // buffers and attributes, lays out the messages, and calls the transport.
 // Every communicating handler takes and returns the token of jaxfog's ordered
 // effect, which fixes the order of all communication identically on every rank.
+//
+// Communicating handlers are asynchronous: they decode and validate at once
+// (bad input fails the call), copy what they need out of the call frame into a
+// Job, and hand the Job to the CommThread, returning its future.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "comm_thread.h"
 #include "dtype.h"
 #include "kernels.h"
 #include "registry.h"
@@ -122,44 +127,55 @@ ffi::ErrorOr<Entry> SelectEntry(int64_t step, F64s self_weights, I64s send_offse
   return entry;
 }
 
-#define JAXFOG_ASSIGN_OR_RETURN(lhs, expr)             \
-  auto lhs##_or = (expr);                              \
-  if (lhs##_or.has_error()) return lhs##_or.error();   \
+// For functions returning ffi::ErrorOr<...>.
+#define JAXFOG_ASSIGN_OR_RETURN(lhs, expr)                                        \
+  auto lhs##_or = (expr);                                                         \
+  if (lhs##_or.has_error()) return ffi::Unexpected<ffi::Error>(lhs##_or.error()); \
   auto& lhs = *lhs##_or
+
+// An op decoded out of its call frame (which is gone once the handler has
+// returned; the buffers stay alive until the future completes).
+struct Job {
+  size_t bytes;  // message size, to decide whether to run inline
+  CommThread::Work run;
+};
+
+ffi::Future Launch(ffi::ErrorOr<Job> job) {
+  if (job.has_error()) return CommThread::Done(job.error());
+  return CommThread::Global().Run(job->bytes, std::move(job->run));
+}
+
+size_t TotalBytes(const std::vector<Leaf>& leaves) {
+  size_t total = 0;
+  for (const Leaf& leaf : leaves) total += leaf.bytes;
+  return total;
+}
 
 // Rank of this process in communicator `comm_id`, as an int32 scalar.
 ffi::Error RankImpl(int64_t comm_id, ffi::Result<ffi::BufferR0<ffi::S32>> out) {
-  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  out->typed_data()[0] = transport->rank();
+  ffi::ErrorOr<Transport*> transport = LookupTransport(comm_id);
+  if (transport.has_error()) return transport.error();
+  out->typed_data()[0] = (*transport)->rank();
   return ffi::Error::Success();
 }
 
 ffi::Error SizeImpl(int64_t comm_id, ffi::Result<ffi::BufferR0<ffi::S32>> out) {
-  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  out->typed_data()[0] = transport->size();
+  ffi::ErrorOr<Transport*> transport = LookupTransport(comm_id);
+  if (transport.has_error()) return transport.error();
+  out->typed_data()[0] = (*transport)->size();
   return ffi::Error::Success();
 }
 
-ffi::Error BarrierImpl(int64_t comm_id, ffi::Token, ffi::Result<ffi::Token>) {
+ffi::ErrorOr<Job> BarrierJob(int64_t comm_id, ffi::Token, ffi::Result<ffi::Token>) {
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  return transport->Barrier();
+  return Job{0, [transport] { return transport->Barrier(); }};
 }
 
 // out_i = self_weight * x_i + sum_{j in recv} recv_weight_j * (x_j as sent by j),
 // where a sender scales what it sends by its send weight. All leaves of a
 // pytree travel as one message per peer; the sum is one pass per leaf.
-ffi::Error NeighborAllreduceImpl(int64_t comm_id, int64_t signature, F64s self_weights,
-                                 I64s send_offsets, I64s send_ranks, F64s send_weights,
-                                 I64s recv_offsets, I64s recv_ranks, F64s recv_weights,
-                                 ffi::Token, ffi::BufferR0<ffi::S32> step,
-                                 ffi::RemainingArgs args, ffi::Result<ffi::Token>,
-                                 ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  JAXFOG_ASSIGN_OR_RETURN(entry, SelectEntry(step.typed_data()[0], self_weights, send_offsets,
-                                             send_ranks, send_weights, recv_offsets,
-                                             recv_ranks, recv_weights, transport->size()));
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "neighbor_allreduce"));
-  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+ffi::Error NeighborAllreduce(Transport* transport, int64_t signature, const Entry& entry,
+                             const std::vector<Leaf>& in, const std::vector<Leaf>& out) {
   std::vector<size_t> offsets;
   const size_t stride = Layout(in, &offsets);
   ScratchPool& pool = ScratchPool::Global();
@@ -206,14 +222,27 @@ ffi::Error NeighborAllreduceImpl(int64_t comm_id, int64_t signature, F64s self_w
   return ffi::Error::Success();
 }
 
+ffi::ErrorOr<Job> NeighborAllreduceJob(int64_t comm_id, int64_t signature, F64s self_weights,
+                                       I64s send_offsets, I64s send_ranks, F64s send_weights,
+                                       I64s recv_offsets, I64s recv_ranks, F64s recv_weights,
+                                       ffi::Token, ffi::BufferR0<ffi::S32> step,
+                                       ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                                       ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  JAXFOG_ASSIGN_OR_RETURN(entry, SelectEntry(step.typed_data()[0], self_weights, send_offsets,
+                                             send_ranks, send_weights, recv_offsets,
+                                             recv_ranks, recv_weights, transport->size()));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "neighbor_allreduce"));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  return Job{TotalBytes(in), [=] { return NeighborAllreduce(transport, signature, entry, in, out); }};
+}
+
 // out = concat over recv_ranks (in that order) of x_j along axis 0; the
 // message from j lands directly in its block of every output leaf.
-ffi::Error NeighborAllgatherImpl(int64_t comm_id, int64_t signature, I64s send_ranks,
-                                 I64s recv_ranks, ffi::Token, ffi::RemainingArgs args,
-                                 ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "neighbor_allgather"));
-  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+ffi::Error NeighborAllgather(Transport* transport, int64_t signature,
+                             const std::vector<int64_t>& send_ranks,
+                             const std::vector<int64_t>& recv_ranks,
+                             const std::vector<Leaf>& in, const std::vector<Leaf>& out) {
   std::vector<SendSpec> sends;
   for (int64_t peer : send_ranks) {
     SendSpec send{static_cast<int>(peer), {}};
@@ -232,14 +261,24 @@ ffi::Error NeighborAllgatherImpl(int64_t comm_id, int64_t signature, I64s send_r
   return transport->Exchange(info, sends, recvs);
 }
 
+ffi::ErrorOr<Job> NeighborAllgatherJob(int64_t comm_id, int64_t signature, I64s send_ranks,
+                                       I64s recv_ranks, ffi::Token, ffi::RemainingArgs args,
+                                       ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "neighbor_allgather"));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  std::vector<int64_t> sends(send_ranks.begin(), send_ranks.end());
+  std::vector<int64_t> recvs(recv_ranks.begin(), recv_ranks.end());
+  return Job{TotalBytes(in),
+             [=] { return NeighborAllgather(transport, signature, sends, recvs, in, out); }};
+}
+
 // The adjoint of neighbor_allgather: block i of every input leaf goes back to
 // send_ranks[i]; the output is the sum of the blocks received.
-ffi::Error NeighborReduceScatterImpl(int64_t comm_id, int64_t signature, I64s send_ranks,
-                                     I64s recv_ranks, ffi::Token, ffi::RemainingArgs args,
-                                     ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "neighbor_allgather (transpose)"));
-  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+ffi::Error NeighborReduceScatter(Transport* transport, int64_t signature,
+                                 const std::vector<int64_t>& send_ranks,
+                                 const std::vector<int64_t>& recv_ranks,
+                                 const std::vector<Leaf>& in, const std::vector<Leaf>& out) {
   std::vector<SendSpec> sends;
   for (size_t i = 0; i < send_ranks.size(); ++i) {
     SendSpec send{static_cast<int>(send_ranks[i]), {}};
@@ -273,6 +312,19 @@ ffi::Error NeighborReduceScatterImpl(int64_t comm_id, int64_t signature, I64s se
   return ffi::Error::Success();
 }
 
+ffi::ErrorOr<Job> NeighborReduceScatterJob(int64_t comm_id, int64_t signature,
+                                           I64s send_ranks, I64s recv_ranks, ffi::Token,
+                                           ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                                           ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "neighbor_allgather (transpose)"));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  std::vector<int64_t> sends(send_ranks.begin(), send_ranks.end());
+  std::vector<int64_t> recvs(recv_ranks.begin(), recv_ranks.end());
+  return Job{TotalBytes(out),
+             [=] { return NeighborReduceScatter(transport, signature, sends, recvs, in, out); }};
+}
+
 // Packs leaves into `base` at `offsets` (when a pytree must be one message).
 void Pack(const std::vector<Leaf>& in, char* base, const std::vector<size_t>& offsets) {
   for (size_t l = 0; l < in.size(); ++l) {
@@ -282,12 +334,8 @@ void Pack(const std::vector<Leaf>& in, char* base, const std::vector<size_t>& of
 
 // Sum or mean over all ranks, leaf by leaf in one call (one message for a
 // single leaf; a pytree is packed per dtype so each dtype is one message).
-ffi::Error AllreduceImpl(int64_t comm_id, int64_t signature, bool mean, ffi::Token,
-                         ffi::RemainingArgs args, ffi::Result<ffi::Token>,
-                         ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "allreduce"));
-  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+ffi::Error Allreduce(Transport* transport, int64_t signature, bool mean,
+                     const std::vector<Leaf>& in, const std::vector<Leaf>& out) {
   const OpInfo info{OpCode::kAllreduce, static_cast<uint64_t>(signature)};
   const double scale = mean ? 1.0 / transport->size() : 1.0;
   // Group leaves by dtype, preserving order.
@@ -345,13 +393,18 @@ ffi::Error AllreduceImpl(int64_t comm_id, int64_t signature, bool mean, ffi::Tok
   return ffi::Error::Success();
 }
 
-// Every rank gets root's value (one message for the whole pytree).
-ffi::Error BroadcastImpl(int64_t comm_id, int64_t signature, int64_t root, ffi::Token,
-                         ffi::RemainingArgs args, ffi::Result<ffi::Token>,
-                         ffi::RemainingRets rets) {
+ffi::ErrorOr<Job> AllreduceJob(int64_t comm_id, int64_t signature, bool mean, ffi::Token,
+                               ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                               ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "broadcast"));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "allreduce"));
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  return Job{TotalBytes(in), [=] { return Allreduce(transport, signature, mean, in, out); }};
+}
+
+// Every rank gets root's value (one message for the whole pytree).
+ffi::Error Broadcast(Transport* transport, int64_t signature, int64_t root,
+                     const std::vector<Leaf>& in, const std::vector<Leaf>& out) {
   const OpInfo info{OpCode::kBroadcast, static_cast<uint64_t>(signature)};
   const bool is_root = transport->rank() == root;
   if (in.size() == 1) {
@@ -372,13 +425,18 @@ ffi::Error BroadcastImpl(int64_t comm_id, int64_t signature, int64_t root, ffi::
   return ffi::Error::Success();
 }
 
-// out = concat over ranks 0..n-1 of x along axis 0 (one message per leaf set).
-ffi::Error AllgatherImpl(int64_t comm_id, int64_t signature, ffi::Token,
-                         ffi::RemainingArgs args, ffi::Result<ffi::Token>,
-                         ffi::RemainingRets rets) {
+ffi::ErrorOr<Job> BroadcastJob(int64_t comm_id, int64_t signature, int64_t root, ffi::Token,
+                               ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                               ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "allgather"));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "broadcast"));
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  return Job{TotalBytes(in), [=] { return Broadcast(transport, signature, root, in, out); }};
+}
+
+// out = concat over ranks 0..n-1 of x along axis 0 (one message per leaf set).
+ffi::Error Allgather(Transport* transport, int64_t signature, const std::vector<Leaf>& in,
+                     const std::vector<Leaf>& out) {
   const OpInfo info{OpCode::kAllgather, static_cast<uint64_t>(signature)};
   if (in.size() == 1) return transport->Allgather(info, in[0].in, out[0].out, in[0].bytes);
   std::vector<size_t> offsets;
@@ -402,6 +460,23 @@ ffi::Error AllgatherImpl(int64_t comm_id, int64_t signature, ffi::Token,
   return ffi::Error::Success();
 }
 
+ffi::ErrorOr<Job> AllgatherJob(int64_t comm_id, int64_t signature, ffi::Token,
+                               ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                               ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "allgather"));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  return Job{TotalBytes(in), [=] { return Allgather(transport, signature, in, out); }};
+}
+
+// Wraps a Job factory as an asynchronous handler with the same arguments.
+template <auto MakeJob>
+struct Async;
+template <typename... Args, ffi::ErrorOr<Job> (*MakeJob)(Args...)>
+struct Async<MakeJob> {
+  static ffi::Future Handle(Args... args) { return Launch(MakeJob(std::move(args)...)); }
+};
+
 }  // namespace
 }  // namespace jaxfog
 
@@ -420,13 +495,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_size, jaxfog::SizeImpl,
                                   .Attr<int64_t>("comm_id")
                                   .Ret<xffi::BufferR0<xffi::S32>>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_barrier, jaxfog::BarrierImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_barrier, jaxfog::Async<jaxfog::BarrierJob>::Handle,
                               xffi::Ffi::Bind()
                                   .Attr<int64_t>("comm_id")
                                   .Arg<xffi::Token>()
                                   .Ret<xffi::Token>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allreduce, jaxfog::NeighborAllreduceImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allreduce, jaxfog::Async<jaxfog::NeighborAllreduceJob>::Handle,
                               xffi::Ffi::Bind()
                                   .Attr<int64_t>("comm_id")
                                   .Attr<int64_t>("signature")
@@ -443,7 +518,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allreduce, jaxfog::NeighborAllredu
                                   .Ret<xffi::Token>()
                                   .RemainingRets());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allgather, jaxfog::NeighborAllgatherImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allgather, jaxfog::Async<jaxfog::NeighborAllgatherJob>::Handle,
                               xffi::Ffi::Bind()
                                   .Attr<int64_t>("comm_id")
                                   .Attr<int64_t>("signature")
@@ -455,7 +530,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allgather, jaxfog::NeighborAllgath
                                   .RemainingRets());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_reduce_scatter,
-                              jaxfog::NeighborReduceScatterImpl,
+                              jaxfog::Async<jaxfog::NeighborReduceScatterJob>::Handle,
                               xffi::Ffi::Bind()
                                   .Attr<int64_t>("comm_id")
                                   .Attr<int64_t>("signature")
@@ -466,7 +541,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_reduce_scatter,
                                   .Ret<xffi::Token>()
                                   .RemainingRets());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_allreduce, jaxfog::AllreduceImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_allreduce, jaxfog::Async<jaxfog::AllreduceJob>::Handle,
                               xffi::Ffi::Bind()
                                   .Attr<int64_t>("comm_id")
                                   .Attr<int64_t>("signature")
@@ -476,7 +551,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_allreduce, jaxfog::AllreduceImpl,
                                   .Ret<xffi::Token>()
                                   .RemainingRets());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_broadcast, jaxfog::BroadcastImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_broadcast, jaxfog::Async<jaxfog::BroadcastJob>::Handle,
                               xffi::Ffi::Bind()
                                   .Attr<int64_t>("comm_id")
                                   .Attr<int64_t>("signature")
@@ -486,7 +561,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_broadcast, jaxfog::BroadcastImpl,
                                   .Ret<xffi::Token>()
                                   .RemainingRets());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_allgather, jaxfog::AllgatherImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_allgather, jaxfog::Async<jaxfog::AllgatherJob>::Handle,
                               xffi::Ffi::Bind()
                                   .Attr<int64_t>("comm_id")
                                   .Attr<int64_t>("signature")

@@ -1,0 +1,62 @@
+#include "comm_thread.h"
+
+namespace jaxfog {
+
+CommThread& CommThread::Global() {
+  static CommThread* thread = new CommThread();  // never destroyed: see thread_
+  return *thread;
+}
+
+ffi::Future CommThread::Done(const ffi::Error& error) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  if (error.success()) {
+    promise.SetAvailable();
+  } else {
+    promise.SetError(error);
+  }
+  return future;
+}
+
+ffi::Future CommThread::Run(size_t bytes, Work work) {
+  const int64_t threshold = inline_below_.load();
+  if (threshold < 0 || static_cast<int64_t>(bytes) < threshold) return Done(work());
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+    queue_.emplace_back(std::move(work), std::move(promise));
+  }
+  wake_.notify_one();
+  return future;
+}
+
+void CommThread::Drain() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
+}
+
+void CommThread::Loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    wake_.wait(lock, [this] { return !queue_.empty(); });
+    auto [work, promise] = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    const ffi::Error error = work();
+    // XLA may run the thunks waiting on the future right here, inside
+    // SetAvailable; they can only hand this thread new work, never wait for it.
+    if (error.success()) {
+      promise.SetAvailable();
+    } else {
+      promise.SetError(error);
+    }
+    lock.lock();
+    busy_ = false;
+    if (queue_.empty()) idle_.notify_all();
+  }
+}
+
+}  // namespace jaxfog
