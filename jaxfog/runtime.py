@@ -69,7 +69,6 @@ class _State:
     machine_size: int
     homogeneous: bool
     timeout: float
-    async_min_bytes: int  # -1: every op inline
     topology: T.Topology
     machine_topology: T.Topology
 
@@ -221,8 +220,7 @@ def init(topology: T.Topology | Any | None = None) -> None:
             comms[LEADERS_COMM_ID] = leaders
         for comm_id, member in comms.items():
             _register(lib, comm_id, member, timeout, max_message)
-        async_min_bytes = _async_min_bytes_from_env(local_size)
-        lib.jaxfog_set_async_min_bytes(async_min_bytes)
+        lib.jaxfog_set_async_min_bytes(_async_min_bytes_from_env(local_size))
     except BaseException:
         _release(lib, comms)
         raise
@@ -230,7 +228,6 @@ def init(topology: T.Topology | Any | None = None) -> None:
     _state = _State(comm=comm, comms=comms, rank=rank, size=size, local_rank=local_rank,
                     local_size=local_size, machine_rank=machine_rank,
                     machine_size=machine_size, homogeneous=homogeneous, timeout=timeout,
-                    async_min_bytes=async_min_bytes,
                     topology=T.exponential(size), machine_topology=T.exponential(machine_size))
     _topology_changed()
     ffi.register_handlers()
@@ -331,7 +328,10 @@ def timeout() -> float:
 
 def async_min_bytes() -> int | None:
     """Messages of at least this size run on the communication thread; None: none do."""
-    value = _require().async_min_bytes
+    _require()
+    from jaxfog import ffi
+
+    value = ffi.library().jaxfog_async_min_bytes()  # kept by the C++ library only
     return None if value < 0 else value
 
 
@@ -344,14 +344,13 @@ def set_async_min_bytes(min_bytes: int | None) -> None:
     XLA's thread. Takes effect for the next op; ranks may differ. The default
     comes from ``JAXFOG_ASYNC_MIN_BYTES`` (see ``ASYNC_MIN_BYTES_ENV``).
     """
-    state = _require()
+    _require()
     if min_bytes is not None and (not isinstance(min_bytes, (int, np.integer))
                                   or isinstance(min_bytes, bool) or min_bytes < 0):
         raise ValueError(f"min_bytes must be a non-negative integer or None, got {min_bytes!r}")
     from jaxfog import ffi
 
-    state.async_min_bytes = -1 if min_bytes is None else int(min_bytes)
-    ffi.library().jaxfog_set_async_min_bytes(state.async_min_bytes)
+    ffi.library().jaxfog_set_async_min_bytes(-1 if min_bytes is None else int(min_bytes))
 
 
 def _as_topology(topology: Any, expected_size: int, what: str) -> T.Topology:

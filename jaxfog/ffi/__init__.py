@@ -65,6 +65,7 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_release_comm.restype = ctypes.c_int
     lib.jaxfog_set_async_min_bytes.argtypes = [ctypes.c_int64]
     lib.jaxfog_set_async_min_bytes.restype = None
+    lib.jaxfog_async_min_bytes.restype = ctypes.c_int64
     lib.jaxfog_mpi_library_version.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.jaxfog_mpi_library_version.restype = ctypes.c_int
     lib.jaxfog_mpi_query_thread.restype = ctypes.c_int

@@ -66,6 +66,10 @@ __attribute__((visibility("default"))) void jaxfog_set_async_min_bytes(int64_t b
   jaxfog::CommThread::Global().set_inline_below(bytes);
 }
 
+__attribute__((visibility("default"))) int64_t jaxfog_async_min_bytes() {
+  return jaxfog::CommThread::Global().inline_below();
+}
+
 // The MPI library version string of the MPI this library is linked against.
 __attribute__((visibility("default"))) int jaxfog_mpi_library_version(char* buffer,
                                                                         int length) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm_thread.h"
@@ -477,6 +478,28 @@ struct Async<MakeJob> {
   static ffi::Future Handle(Args... args) { return Launch(MakeJob(std::move(args)...)); }
 };
 
+// Bindings (rvalue builders). Every pytree op starts with its communicator and message
+// signature, and takes the effect token, then its leaves; it returns the token,
+// then its leaves.
+auto Keyed() {
+  return ffi::Ffi::Bind().Attr<int64_t>("comm_id").Attr<int64_t>("signature");
+}
+
+template <typename Binding>
+auto Peers(Binding binding) {
+  return std::move(binding).template Attr<I64s>("send_ranks").template Attr<I64s>(
+      "recv_ranks");
+}
+
+template <typename Binding>
+auto PytreeOp(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::Token>()
+      .RemainingArgs()
+      .template Ret<ffi::Token>()
+      .RemainingRets();
+}
+
 }  // namespace
 }  // namespace jaxfog
 
@@ -501,10 +524,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_barrier, jaxfog::Async<jaxfog::BarrierJob>:
                                   .Arg<xffi::Token>()
                                   .Ret<xffi::Token>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allreduce, jaxfog::Async<jaxfog::NeighborAllreduceJob>::Handle,
-                              xffi::Ffi::Bind()
-                                  .Attr<int64_t>("comm_id")
-                                  .Attr<int64_t>("signature")
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allreduce,
+                              jaxfog::Async<jaxfog::NeighborAllreduceJob>::Handle,
+                              jaxfog::Keyed()
                                   .Attr<jaxfog::F64s>("self_weights")
                                   .Attr<jaxfog::I64s>("send_offsets")
                                   .Attr<jaxfog::I64s>("send_ranks")
@@ -518,56 +540,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allreduce, jaxfog::Async<jaxfog::N
                                   .Ret<xffi::Token>()
                                   .RemainingRets());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allgather, jaxfog::Async<jaxfog::NeighborAllgatherJob>::Handle,
-                              xffi::Ffi::Bind()
-                                  .Attr<int64_t>("comm_id")
-                                  .Attr<int64_t>("signature")
-                                  .Attr<jaxfog::I64s>("send_ranks")
-                                  .Attr<jaxfog::I64s>("recv_ranks")
-                                  .Arg<xffi::Token>()
-                                  .RemainingArgs()
-                                  .Ret<xffi::Token>()
-                                  .RemainingRets());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allgather,
+                              jaxfog::Async<jaxfog::NeighborAllgatherJob>::Handle,
+                              jaxfog::PytreeOp(jaxfog::Peers(jaxfog::Keyed())));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_reduce_scatter,
                               jaxfog::Async<jaxfog::NeighborReduceScatterJob>::Handle,
-                              xffi::Ffi::Bind()
-                                  .Attr<int64_t>("comm_id")
-                                  .Attr<int64_t>("signature")
-                                  .Attr<jaxfog::I64s>("send_ranks")
-                                  .Attr<jaxfog::I64s>("recv_ranks")
-                                  .Arg<xffi::Token>()
-                                  .RemainingArgs()
-                                  .Ret<xffi::Token>()
-                                  .RemainingRets());
+                              jaxfog::PytreeOp(jaxfog::Peers(jaxfog::Keyed())));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_allreduce, jaxfog::Async<jaxfog::AllreduceJob>::Handle,
-                              xffi::Ffi::Bind()
-                                  .Attr<int64_t>("comm_id")
-                                  .Attr<int64_t>("signature")
-                                  .Attr<bool>("mean")
-                                  .Arg<xffi::Token>()
-                                  .RemainingArgs()
-                                  .Ret<xffi::Token>()
-                                  .RemainingRets());
+                              jaxfog::PytreeOp(jaxfog::Keyed().Attr<bool>("mean")));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_broadcast, jaxfog::Async<jaxfog::BroadcastJob>::Handle,
-                              xffi::Ffi::Bind()
-                                  .Attr<int64_t>("comm_id")
-                                  .Attr<int64_t>("signature")
-                                  .Attr<int64_t>("root")
-                                  .Arg<xffi::Token>()
-                                  .RemainingArgs()
-                                  .Ret<xffi::Token>()
-                                  .RemainingRets());
+                              jaxfog::PytreeOp(jaxfog::Keyed().Attr<int64_t>("root")));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_allgather, jaxfog::Async<jaxfog::AllgatherJob>::Handle,
-                              xffi::Ffi::Bind()
-                                  .Attr<int64_t>("comm_id")
-                                  .Attr<int64_t>("signature")
-                                  .Arg<xffi::Token>()
-                                  .RemainingArgs()
-                                  .Ret<xffi::Token>()
-                                  .RemainingRets());
+                              jaxfog::PytreeOp(jaxfog::Keyed()));
 
 #pragma GCC visibility pop
