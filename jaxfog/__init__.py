@@ -37,6 +37,7 @@ __version__ = "0.1.0"
 _OPS = ("allgather", "allreduce", "barrier", "broadcast", "hierarchical_neighbor_allreduce",
         "neighbor_allgather", "neighbor_allreduce")
 _LAZY = {"ops": "jaxfog.ops", "simulate": "jaxfog.sim", "Agents": "jaxfog.sim",
+         "jit": "jaxfog.ops.jit",
          **{name: "jaxfog.ops" for name in _OPS}}
 
 
@@ -49,7 +50,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Agents", "NotInitializedError", *_OPS, "in_neighbor_ranks", "init", "is_homogeneous",
-    "is_initialized", "load_machine_topology", "load_topology", "local_rank", "local_size",
+    "is_initialized", "jit", "load_machine_topology", "load_topology", "local_rank",
+    "local_size",
     "machine_rank", "machine_size", "out_neighbor_ranks", "rank", "set_machine_topology",
     "set_topology", "shutdown", "simulate", "size", "topology",
 ]

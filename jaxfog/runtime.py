@@ -22,7 +22,7 @@ import dataclasses
 import hashlib
 import os
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -74,6 +74,9 @@ class _State:
 
 
 _state: _State | None = None
+# Called by shutdown() before anything is released (registered by the ops
+# layer: wait for dispatched computations that still communicate).
+_before_shutdown: list[Callable[[], None]] = []
 # Bumped whenever a topology changes (see jaxfog.ops._primitive).
 _topology_generation = 0
 
@@ -231,19 +234,32 @@ def init(topology: T.Topology | Any | None = None) -> None:
                     topology=T.exponential(size), machine_topology=T.exponential(machine_size))
     _topology_changed()
     ffi.register_handlers()
+    # JAX (imported by now) tears its backends down at exit; shutdown must run
+    # first, while dispatched computations can still be waited for.
+    atexit.unregister(shutdown)
+    atexit.register(shutdown)
     if topology is not None:
         set_topology(topology)
 
 
 @atexit.register
 def shutdown() -> None:
-    """Releases jaxfog's communicators. MPI itself is finalised at exit by mpi4py.
+    """Waits for dispatched communication, then releases jaxfog's communicators.
 
-    Safe to call twice; ``init()`` may be called again afterwards.
+    Computations dispatched asynchronously (``jaxfog.jit`` returns before they
+    ran) finish their communication first, so no rank tears a communicator
+    down under a peer that still exchanges with it. MPI itself is finalised at
+    exit by mpi4py. Safe to call twice; ``init()`` may be called again.
     """
     global _state
     if _state is None:
         return
+    try:
+        for hook in _before_shutdown:
+            hook()
+    except Exception as error:  # e.g. a peer died: release anyway
+        warnings.warn(f"jaxfog.shutdown: pending communication failed: {error}",
+                      RuntimeWarning)
     state, _state = _state, None
     from jaxfog import ffi
 

@@ -20,9 +20,10 @@ from typing import Any
 LIBRARY_PATH = Path(__file__).resolve().parent / "libjaxfog_ffi.so"
 
 # Typed FFI handlers exported by the library (XLA_FFI_DEFINE_HANDLER_SYMBOL).
-HANDLERS = ("jaxfog_rank", "jaxfog_size", "jaxfog_barrier", "jaxfog_neighbor_allreduce",
-            "jaxfog_neighbor_allgather", "jaxfog_neighbor_reduce_scatter", "jaxfog_allreduce",
-            "jaxfog_broadcast", "jaxfog_allgather")
+HANDLERS = ("jaxfog_rank", "jaxfog_size", "jaxfog_barrier", "jaxfog_fence",
+            "jaxfog_neighbor_allreduce", "jaxfog_neighbor_allgather",
+            "jaxfog_neighbor_reduce_scatter", "jaxfog_allreduce", "jaxfog_broadcast",
+            "jaxfog_allgather")
 
 
 class FfiLibraryError(ImportError):

@@ -21,6 +21,14 @@ ffi::Future CommThread::Done(const ffi::Error& error) {
 ffi::Future CommThread::Run(size_t bytes, Work work) {
   const int64_t threshold = inline_below_.load();
   if (threshold < 0 || static_cast<int64_t>(bytes) < threshold) return Done(work());
+  return Enqueue(std::move(work));
+}
+
+ffi::Future CommThread::Fence() {
+  return Enqueue([] { return ffi::Error::Success(); });
+}
+
+ffi::Future CommThread::Enqueue(Work work) {
   ffi::Promise promise;
   ffi::Future future(promise);
   {

@@ -40,6 +40,10 @@ class CommThread {
   // Runs `work`; the future completes with its error, if any.
   ffi::Future Run(size_t bytes, Work work);
 
+  // A future that completes once all work handed over so far has finished,
+  // whatever the inline threshold (the fence XLA waits on before shutdown).
+  ffi::Future Fence();
+
   // Blocks until all work handed over so far has finished (before the
   // transports it uses are released).
   void Drain();
@@ -50,6 +54,7 @@ class CommThread {
  private:
   CommThread() = default;
   void Loop();
+  ffi::Future Enqueue(Work work);
 
   std::atomic<int64_t> inline_below_{0};
   std::mutex mutex_;

@@ -172,6 +172,13 @@ ffi::ErrorOr<Job> BarrierJob(int64_t comm_id, ffi::Token, ffi::Result<ffi::Token
   return Job{0, [transport] { return transport->Barrier(); }};
 }
 
+// Completes once every op handed to the communication thread before it has
+// finished; `done` is a result to wait on (always 0).
+ffi::Future Fence(ffi::Token, ffi::Result<ffi::Token>, ffi::Result<ffi::BufferR0<ffi::S32>> done) {
+  done->typed_data()[0] = 0;
+  return CommThread::Global().Fence();
+}
+
 // out_i = self_weight * x_i + sum_{j in recv} recv_weight_j * (x_j as sent by j),
 // where a sender scales what it sends by its send weight. All leaves of a
 // pytree travel as one message per peer; the sum is one pass per leaf.
@@ -523,6 +530,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_barrier, jaxfog::Async<jaxfog::BarrierJob>:
                                   .Attr<int64_t>("comm_id")
                                   .Arg<xffi::Token>()
                                   .Ret<xffi::Token>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_fence, jaxfog::Fence,
+                              xffi::Ffi::Bind()
+                                  .Arg<xffi::Token>()
+                                  .Ret<xffi::Token>()
+                                  .Ret<xffi::BufferR0<xffi::S32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allreduce,
                               jaxfog::Async<jaxfog::NeighborAllreduceJob>::Handle,

@@ -18,10 +18,11 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import config, core, dispatch, effects
-from jax._src.interpreters import ad, mlir, pxla
+from jax.extend import core as jex_core
+from jax.interpreters import ad, mlir
 
 from jaxfog import ffi, runtime
+from jaxfog.ops import _jax_compat
 
 #: dtypes every op accepts (integers are averaged in float64 and rounded to
 #: nearest, ties to even).
@@ -30,88 +31,29 @@ SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
     jnp.int32, jnp.int64))
 
 
-class CommEffect(effects.Effect):
+class CommEffect(jex_core.Effect):
     """Communication through one of jaxfog's communicators (ordered)."""
 
     __str__ = lambda self: "jaxfog.Comm"  # noqa: E731
 
 
 comm_effect = CommEffect()
-effects.ordered_effects.add_type(CommEffect)
-effects.lowerable_effects.add_type(CommEffect)
-effects.control_flow_allowed_effects.add_type(CommEffect)
-effects.custom_derivatives_allowed_effects.add_type(CommEffect)
-effects.remat_allowed_effects.add_type(CommEffect)
-
-
-def _reuse_comm_tokens() -> None:
-    """Skips a no-op re-sharding of jaxfog's runtime token at every dispatch.
-
-    For an ordered effect JAX passes the previous computation's token into the
-    next one, and re-shards it first with ``device_put`` through a freshly made
-    ``Mesh``/``NamedSharding`` -- about 120 us per jitted call on CPU, even
-    when the token already lives on the one device the computation runs on.
-    For jaxfog's effect, in that single-device case, the token is passed as is.
-    """
-    original = dispatch.RuntimeTokenSet.get_token_input
-    if getattr(original, "_jaxfog", False):
-        return
-
-    def get_token_input(self, eff, devices):
-        token = self.current_tokens.get(eff)
-        if isinstance(eff, CommEffect) and isinstance(token, core.Token) and len(devices) == 1:
-            sharding = getattr(token._buf, "sharding", None)
-            if sharding is not None and sharding.device_set == {devices[0]}:
-                return token
-        return original(self, eff, devices)
-
-    get_token_input._jaxfog = True
-    dispatch.RuntimeTokenSet.get_token_input = get_token_input
-
-
-_reuse_comm_tokens()
-
-
-def _no_aot_fast_path_for_comm() -> None:
-    """Keeps ahead-of-time compiled functions with jaxfog ops on the token path.
-
-    ``jit(f).lower(...).compile()`` installs JAX's C++ fast path after the
-    first call unless the computation has host callbacks or unordered effects;
-    it forgets ordered effects (JAX 0.10), so the second call would be made
-    without the runtime token ("supplied 3 arguments but compiled program
-    expected 4"). For computations with jaxfog's effect the fast path is
-    refused and every call goes through JAX's token-threading Python path,
-    as ``jax.jit`` does.
-    """
-    original = getattr(pxla.MeshExecutable, "create_cpp_call", None)
-    if original is None or getattr(original, "_jaxfog", False):
-        return
-
-    def create_cpp_call(self, params):
-        ordered = getattr(self.unsafe_call, "ordered_effects", ()) or ()
-        if any(isinstance(e, CommEffect) for e in ordered):
-            return None
-        return original(self, params)
-
-    create_cpp_call._jaxfog = True
-    pxla.MeshExecutable.create_cpp_call = create_cpp_call
-
-
-_no_aot_fast_path_for_comm()
+_jax_compat.register_ordered_effect(CommEffect)
+# Plain jax.jit only; jaxfog.jit computations carry no effect at the top.
+_jax_compat.keep_aot_calls_on_token_path(lambda effect: isinstance(effect, CommEffect))
 
 # Ops read the current topology when they are traced. This counter, bumped by
 # set_topology/set_machine_topology, is part of JAX's trace context, so a
 # function jitted before the topology changed is traced again afterwards.
-topology_generation = config.int_state(
-    "jaxfog_topology_generation", 0, "jaxfog: how many times the topology was set",
-    include_in_jit_key=True, include_in_trace_context=True)
+_GENERATION = "jaxfog_topology_generation"
+topology_generation = _jax_compat.trace_context_int(
+    _GENERATION, "jaxfog: how many times the topology was set")
 
 
 def sync_topology_generation() -> None:
     """Makes JAX's trace context follow the runtime's topology generation."""
-    generation = runtime.topology_generation()
-    if topology_generation.value != generation:
-        jax.config.update("jaxfog_topology_generation", generation)
+    _jax_compat.set_trace_context_int(topology_generation, _GENERATION,
+                                      runtime.topology_generation())
 
 
 sync_topology_generation()
@@ -127,15 +69,9 @@ def _attribute(value: Any):
     return mlir.ir_attribute(value)
 
 
-def _ir_type(ctx: mlir.LoweringRuleContext, aval):
-    try:  # newer JAX passes the module context
-        return mlir.aval_to_ir_type(ctx.module_context, aval)
-    except TypeError:
-        return mlir.aval_to_ir_type(aval)
-
-
-def _row_major(aval) -> tuple[int, ...]:
-    return tuple(range(len(aval.shape) - 1, -1, -1))
+@functools.cache
+def _token_aval():
+    return jax.typeof(jax.lax.create_token())
 
 
 def lower_comm_call(ctx: mlir.LoweringRuleContext, target: str, operands: Sequence[Any],
@@ -143,34 +79,32 @@ def lower_comm_call(ctx: mlir.LoweringRuleContext, target: str, operands: Sequen
     """Emits a typed-FFI custom call that consumes and produces the comm token.
 
     The handler's first operand and first result are the token; ``operands``
-    and ``ctx.avals_out`` follow. Python ints/floats/bools become i64/f64/i1
-    attributes, numpy arrays become array attributes.
+    and ``ctx.avals_out`` follow (row-major). Python ints/floats/bools become
+    i64/f64/i1 attributes, numpy arrays become array attributes.
     """
     token = ctx.tokens_in.get(comm_effect)
-    result_types = [mlir.token_type()] + [_ir_type(ctx, a) for a in ctx.avals_out]
-    call = mlir.custom_call(
-        target, result_types=result_types, operands=[token, *operands],
-        backend_config={k: _attribute(v) for k, v in attributes.items()},
-        api_version=4, has_side_effect=True,
-        operand_layouts=[()] + [_row_major(a) for a in ctx.avals_in],
-        result_layouts=[()] + [_row_major(a) for a in ctx.avals_out])
-    token_out, *results = call.results
+    with_token = ctx.replace(avals_in=(_token_aval(), *ctx.avals_in),
+                             avals_out=(_token_aval(), *ctx.avals_out))
+    rule = jax.ffi.ffi_lowering(
+        target, has_side_effect=True,
+        backend_config={k: _attribute(v) for k, v in attributes.items()})
+    token_out, *results = rule(with_token, token, *operands)
     ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({comm_effect: token_out})))
     return results
 
 
 def define(name: str, target: str, out_avals: Callable[..., list],
-           attributes: Callable[..., dict]) -> core.Primitive:
+           attributes: Callable[..., dict]) -> jex_core.Primitive:
     """A multiple-result communicating primitive lowered to custom call ``target``.
 
     ``out_avals(*avals, **params)`` gives the result avals;
     ``attributes(avals_in, **params)`` the custom call's attributes.
     """
-    prim = core.Primitive(name)
+    prim = jex_core.Primitive(name)
     prim.multiple_results = True
     prim.def_effectful_abstract_eval(
         lambda *avals, **params: (out_avals(*avals, **params), {comm_effect}))
-    prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+    prim.def_impl(lambda *args, **params: _jax_compat.apply_primitive(prim, *args, **params))
 
     def lowering(ctx, *operands, **params):
         return lower_comm_call(ctx, target, operands, attributes(ctx.avals_in, **params))

@@ -11,8 +11,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax._src import core
-from jax._src.interpreters import ad, batching
+from jax import core
+from jax.interpreters import ad, batching
 
 from jaxfog import _context, runtime
 from jaxfog.ops._primitive import (check_leaves, define, linear_jvp, linear_transpose,

@@ -12,8 +12,8 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import core
-from jax._src.interpreters import ad, batching
+from jax import core
+from jax.interpreters import ad, batching
 
 from jaxfog import _context, runtime
 from jaxfog import topology as T

@@ -6,11 +6,13 @@ communication effect, so it keeps its place among the other communicating ops.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src import core
-from jax._src.interpreters import mlir
+from jax.extend import core
+from jax.interpreters import mlir
 
 from jaxfog import _context, ffi, runtime
 from jaxfog.ops._primitive import comm_effect, lower_comm_call
@@ -51,6 +53,32 @@ mlir.register_lowering(
     barrier_p, lambda ctx, *, comm_id: lower_comm_call(ctx, "jaxfog_barrier", [],
                                                         {"comm_id": comm_id}),
     platform="cpu")
+
+
+# Completes after every op handed to the communication thread before it; in
+# order with the other ops, and across calls in dispatch order.
+fence_p = core.Primitive("jaxfog_fence")
+fence_p.def_effectful_abstract_eval(
+    lambda: (jax.core.ShapedArray((), jnp.int32), {comm_effect}))
+mlir.register_lowering(
+    fence_p, lambda ctx: lower_comm_call(ctx, "jaxfog_fence", [], {}), platform="cpu")
+
+
+@functools.cache
+def _fence_fn():
+    from jaxfog.ops.jit import jit
+
+    return jit(fence_p.bind)
+
+
+def wait_for_dispatched() -> None:
+    """Blocks until the communication of every computation this thread has
+    dispatched so far has finished (PjRt runs them in dispatch order)."""
+    if runtime.is_initialized() and _context.current() is None:
+        _fence_fn()().block_until_ready()
+
+
+runtime._before_shutdown.append(wait_for_dispatched)
 
 
 def barrier() -> None:

@@ -1,0 +1,144 @@
+"""Every use of JAX API that is not public, in one place.
+
+jaxfog needs a few things JAX exports no public name for. Each is reached
+through one function here, and ``tests/test_jax_compat.py`` has one test per
+touchpoint, so that a JAX upgrade that moves one fails in a named test instead
+of at import or, worse, silently. Nothing here is monkeypatched on the
+``jaxfog.jit`` path; the one patch left (:func:`keep_aot_calls_on_token_path`)
+only concerns plain ``jax.jit`` on the JAX versions that need it.
+
+Tested with jax 0.10 (and must import with 0.11).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+from jax.extend import core as jex_core
+
+#: The jax releases this module was written and tested against.
+TESTED_JAX = ((0, 10), (0, 11))
+
+
+def jax_version() -> tuple[int, int]:
+    major, minor = jax.__version_info__[:2]
+    return int(major), int(minor)
+
+
+# --- effects ---------------------------------------------------------------
+
+
+def register_ordered_effect(effect_type: type) -> None:
+    """Makes ``effect_type`` ordered (JAX threads a token through its uses) and
+    allowed in lowering, control flow, custom derivatives and remat."""
+    from jax._src import effects
+
+    effects.ordered_effects.add_type(effect_type)
+    effects.lowerable_effects.add_type(effect_type)
+    effects.control_flow_allowed_effects.add_type(effect_type)
+    effects.custom_derivatives_allowed_effects.add_type(effect_type)
+    effects.remat_allowed_effects.add_type(effect_type)
+
+
+# --- eager evaluation of a primitive ----------------------------------------
+
+
+def apply_primitive(prim: Any, *args: Any, **params: Any) -> Any:
+    """Runs ``prim`` eagerly by compiling it alone (what JAX does for lax ops)."""
+    from jax._src import dispatch
+
+    return dispatch.apply_primitive(prim, *args, **params)
+
+
+# --- trace context ---------------------------------------------------------
+
+_TOP_LEVEL = jex_core.get_opaque_trace_state()
+
+
+def at_top_level() -> bool:
+    """True when no JAX transformation or trace is active (eager Python).
+
+    Public API only: the trace in effect at import (JAX's eval trace) compared
+    with the one in effect now.
+    """
+    return jex_core.get_opaque_trace_state() == _TOP_LEVEL
+
+
+# --- a value in JAX's trace context (part of every jit cache key) ----------
+
+
+@functools.cache
+def trace_context_int(name: str, help_text: str) -> Any:
+    """An integer JAX config state that is part of the jit cache key and the
+    trace context: changing it makes every jitted function trace again."""
+    from jax._src import config
+
+    return config.int_state(name, 0, help_text, include_in_jit_key=True,
+                            include_in_trace_context=True)
+
+
+def set_trace_context_int(state: Any, name: str, value: int) -> None:
+    if state.value != value:
+        jax.config.update(name, value)
+
+
+# --- plain jax.jit, AOT, ordered effects ------------------------------------
+
+
+def aot_fast_path_forgets_ordered_effects() -> bool:
+    """Whether ``jit(f).lower(...).compile()`` of a function with an ordered
+    effect installs JAX's C++ fast path after its first call, which then calls
+    the executable without the runtime token (seen with jax 0.10)."""
+    return jax_version() <= (0, 11)
+
+
+def keep_aot_calls_on_token_path(is_ours: Callable[[Any], bool]) -> bool:
+    """Refuses the C++ fast path to AOT-compiled executables with an ordered
+    effect that ``is_ours`` claims, so every call threads the runtime token.
+
+    Only plain ``jax.jit`` needs this: ``jaxfog.jit`` computations have no
+    effect at the top. Returns whether the guard is installed.
+    """
+    if not aot_fast_path_forgets_ordered_effects():
+        return False
+    from jax._src.interpreters import pxla
+
+    original = getattr(pxla.MeshExecutable, "create_cpp_call", None)
+    if original is None:
+        return False
+    if getattr(original, "_jaxfog", False):
+        return True
+
+    def create_cpp_call(self, params):
+        ordered = getattr(self.unsafe_call, "ordered_effects", ()) or ()
+        if any(is_ours(e) for e in ordered):
+            return None
+        return original(self, params)
+
+    create_cpp_call._jaxfog = True
+    create_cpp_call._jaxfog_original = original
+    pxla.MeshExecutable.create_cpp_call = create_cpp_call
+    return True
+
+
+def remove_aot_guard() -> None:
+    """Undoes :func:`keep_aot_calls_on_token_path` (tests only)."""
+    from jax._src.interpreters import pxla
+
+    current = getattr(pxla.MeshExecutable, "create_cpp_call", None)
+    original = getattr(current, "_jaxfog_original", None)
+    if original is not None:
+        pxla.MeshExecutable.create_cpp_call = original
+
+
+# --- dead-code elimination --------------------------------------------------
+
+
+def keep_when_unused(prim: Any) -> None:
+    """Tells JAX's dead-code elimination to keep every use of ``prim`` even
+    when no result is used and it reports no effect."""
+    from jax._src.interpreters import partial_eval as pe
+
+    pe.dce_rules[prim] = lambda used_outs, eqn: ([True] * len(eqn.invars), eqn)
