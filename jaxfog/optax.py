@@ -18,6 +18,16 @@ mixed values; ``gradient_allreduce`` averages the gradients before its inner
 transformation; ``gradient_tracking``, ``exact_diffusion`` and ``push_diging``
 take a learning rate and are used alone (or after gradient-only transforms
 such as clipping).
+
+Compile the train step with ``jaxfog.jit`` (a drop-in for ``jax.jit``): the
+step then dispatches on JAX's C++ path, which matters for a state of hundreds
+of leaves (plain ``jax.jit`` is correct but pays about 9 us per leaf per call)::
+
+    @jaxfog.jit
+    def step(params, opt_state, batch):
+        grads = jax.grad(loss)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
 """
 
 from __future__ import annotations

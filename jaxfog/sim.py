@@ -321,9 +321,12 @@ class Agents:
                             *values)
 
     def map(self, fn: Callable, *, in_axes: Any = 0, out_axes: Any = 0) -> Callable:
-        """``fn`` jitted for one agent (MPI) or for all agents (simulation)."""
+        """``fn`` jitted for one agent (MPI, with ``jaxfog.jit``) or for all
+        agents (simulation)."""
         if not self.simulated:
-            return jax.jit(fn)
+            from jaxfog.ops.jit import jit
+
+            return jit(fn)
         return jax.jit(simulate(fn, self.topology, local_size=self.local_size,
                                 in_axes=in_axes, out_axes=out_axes))
 

@@ -1,5 +1,7 @@
 """Ordering by construction: many independent large ops per jitted step, random
-dynamic graphs and sizes, async dispatch, hundreds of iterations, 2 to 5 ranks.
+dynamic graphs and sizes, async dispatch, 150 iterations, 2 to 5 ranks, through
+``jaxfog.jit`` (a fresh token inside each call, none across calls) and through
+``jax.jit`` (JAX's runtime token across calls).
 
 XLA:CPU runs independent thunks of this size concurrently, in an order that
 may differ between ranks; the ordered effect must still make every rank run
@@ -11,8 +13,7 @@ from __future__ import annotations
 from mpi_harness import mpi_test
 
 
-@mpi_test(nprocs=(2, 3, 5), timeout=400)
-def test_many_independent_ops_random_schedules_async():
+def _many_independent_ops(jit_name: str):
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -32,27 +33,43 @@ def test_many_independent_ops_random_schedules_async():
 
     schedules = [T.Schedule([random_graph() for _ in range(int(p))])
                  for p in rng.integers(1, 6, 3)]
-    # Ten ops of more than 1 MB each plus small ones of random sizes.
-    sizes = [300_000 + int(s) for s in rng.integers(0, 50_000, 10)]
-    sizes += [int(s) for s in rng.integers(1, 3000, 6)]
+    # 22 ops a step: twelve of more than 1 MB, small ones of random sizes.
+    sizes = [300_000 + int(s) for s in rng.integers(0, 50_000, 12)]
+    sizes += [int(s) for s in rng.integers(1, 3000, 9)]
     which = [int(k) for k in rng.integers(0, len(schedules), len(sizes))]
     bias = np.linspace(0.0, 0.1, n)[r]
 
-    @jax.jit
+    jit = {"jaxfog.jit": jf.jit, "jax.jit": jax.jit}[jit_name]
+
+    @jit
     def step(xs, t):
         outs = [jf.neighbor_allreduce(x, topology=schedules[k], step=t) + bias
                 for x, k in zip(xs[:-1], which[:-1])]
         outs.append(jf.allreduce(xs[-1]) + bias)
-        return outs
+        # A third kind of op, independent of the others: rank 0's head of x_0.
+        head = jf.broadcast(xs[0][:64], root=0)
+        return outs, head
 
     X = [rng.standard_normal((n, s)).astype(np.float32) for s in sizes]
     xs = [jnp.asarray(x[r]) for x in X]
     bias_all = np.linspace(0.0, 0.1, n)[:, None]
     iterations = 150
     for t in range(iterations):  # no blocking: JAX dispatches ahead
-        xs = step(xs, t)
+        head_want = X[0][0, :64]
+        xs, head = step(xs, t)
         for i, k in enumerate(which[:-1]):
             X[i] = schedules[k].at(t).weights.astype(np.float32) @ X[i] + bias_all
         X[-1] = np.repeat(X[-1].mean(0, keepdims=True), n, 0) + bias_all
     for got, want in zip(xs, X):
         np.testing.assert_allclose(np.asarray(got), want[r], rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(np.asarray(head), head_want, rtol=2e-4, atol=2e-4)
+
+
+@mpi_test(nprocs=(2, 3, 5), timeout=400)
+def test_many_independent_ops_random_schedules_async_jaxfog_jit():
+    _many_independent_ops("jaxfog.jit")
+
+
+@mpi_test(nprocs=(2, 3, 5), timeout=400)
+def test_many_independent_ops_random_schedules_async_jax_jit():
+    _many_independent_ops("jax.jit")
