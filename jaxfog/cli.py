@@ -1,4 +1,4 @@
-"""The ``jaxfog`` command: ``run``, ``exec``, ``info``, ``demo``."""
+"""The ``jaxfog`` command: ``run``, ``exec``, ``info``, ``demo``, ``timeline``."""
 
 from __future__ import annotations
 
@@ -133,6 +133,20 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _timeline_merge(args: argparse.Namespace) -> int:
+    from jaxfog import timeline
+
+    try:
+        trace = timeline.merge_files(args.out, args.inputs)
+    except timeline.TimelineError as err:
+        print(f"jaxfog timeline merge: {err}", file=sys.stderr)
+        return 1
+    ranks = trace["otherData"]["ranks"]
+    print(f"{args.out}: {len(ranks)} ranks ({', '.join(map(str, ranks))}), "
+          f"{sum(e.get('ph') == 'X' for e in trace['traceEvents'])} spans")
+    return 0
+
+
 def _demo(argv: Sequence[str]) -> int:
     from jaxfog import demo
 
@@ -155,6 +169,17 @@ def parser() -> argparse.ArgumentParser:
     info.set_defaults(handler=_info)
 
     commands.add_parser("demo", help="consensus speed of the built-in graphs (jaxfog demo -h)")
+
+    timeline = commands.add_parser("timeline", help="op timelines (JAXFOG_TIMELINE): merge")
+    timeline_commands = timeline.add_subparsers(dest="timeline_command", required=True)
+    merge = timeline_commands.add_parser(
+        "merge", help="join the ranks' timeline files into one trace",
+        description="Join the per-rank JAXFOG_TIMELINE files into one Chrome trace / "
+                    "Perfetto JSON file, one process per rank, on one clock.")
+    merge.add_argument("out", metavar="OUT.json", help="the merged trace to write")
+    merge.add_argument("inputs", metavar="IN.json", nargs="+",
+                       help="per-rank files, or a quoted glob such as 'trace.rank*.json'")
+    merge.set_defaults(handler=_timeline_merge)
     return top
 
 

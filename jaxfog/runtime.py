@@ -224,6 +224,7 @@ def init(topology: T.Topology | Any | None = None) -> None:
         for comm_id, member in comms.items():
             _register(lib, comm_id, member, timeout, max_message)
         lib.jaxfog_set_async_min_bytes(_async_min_bytes_from_env(local_size))
+        ffi.start_timeline(rank)  # JAXFOG_TIMELINE
     except BaseException:
         _release(lib, comms)
         raise

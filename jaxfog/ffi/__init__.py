@@ -13,7 +13,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,11 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_set_async_min_bytes.argtypes = [ctypes.c_int64]
     lib.jaxfog_set_async_min_bytes.restype = None
     lib.jaxfog_async_min_bytes.restype = ctypes.c_int64
+    lib.jaxfog_timeline_start.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                                          ctypes.c_int]
+    lib.jaxfog_timeline_start.restype = ctypes.c_int
+    lib.jaxfog_timeline_flush.argtypes = []
+    lib.jaxfog_timeline_flush.restype = ctypes.c_int
     lib.jaxfog_mpi_library_version.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.jaxfog_mpi_library_version.restype = ctypes.c_int
     lib.jaxfog_mpi_query_thread.restype = ctypes.c_int
@@ -74,6 +81,33 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_build_info.restype = ctypes.c_char_p
     _check_same_mpi(lib)
     return lib
+
+
+#: Where each rank writes its op timeline (a Chrome trace / Perfetto JSON file);
+#: read by ``jaxfog.init()``. See the README's "Timeline" section.
+TIMELINE_ENV = "JAXFOG_TIMELINE"
+
+
+def start_timeline(rank: int) -> None:
+    """Starts the op timeline if ``JAXFOG_TIMELINE`` names a file, else stops it.
+
+    A file that cannot be written is a warning, not an error: the job runs on
+    without a timeline.
+    """
+    path = os.environ.get(TIMELINE_ENV, "")
+    error = ctypes.create_string_buffer(1024)
+    if library().jaxfog_timeline_start(os.fsencode(path), rank, error, len(error)) != 0:
+        warnings.warn(f"{TIMELINE_ENV}={path!r}: {error.value.decode(errors='replace')}; "
+                      "no timeline is recorded", RuntimeWarning, stacklevel=3)
+
+
+def flush_timeline() -> bool:
+    """Writes the timeline recorded so far (``jaxfog.shutdown()`` does it too).
+
+    Returns False, after a warning on stderr, if the file cannot be written;
+    True also when no timeline records.
+    """
+    return library().jaxfog_timeline_flush() == 0
 
 
 def mpi_library_version() -> str:

@@ -2,6 +2,7 @@
 // at init/shutdown only, never on the hot path.
 #include <mpi.h>
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 #include "mpi_transport.h"
 #include "registry.h"
 #include "status.h"
+#include "timeline.h"
 
 namespace {
 
@@ -54,10 +56,37 @@ __attribute__((visibility("default"))) int jaxfog_register_mpi_comm(
 }
 
 // Waits for communication still running on the communication thread, so
-// that the transport it uses is not released under it.
+// that the transport it uses is not released under it. Releasing the world
+// communicator (jaxfog.shutdown) also writes the timeline, if one records: by
+// then every op has finished. A write error is a warning, never a failure.
 __attribute__((visibility("default"))) int jaxfog_release_comm(int64_t id) {
   jaxfog::CommThread::Global().Drain();
+  if (id == 0) {
+    std::string error;
+    if (!jaxfog::timeline::Flush(&error)) std::fprintf(stderr, "warning: %s\n", error.c_str());
+  }
   return jaxfog::ReleaseTransport(id) ? 0 : 1;
+}
+
+// Starts the op timeline (JAXFOG_TIMELINE) for world rank `rank`; an empty
+// or null `path_template` stops it. Returns 0, or 1 with the reason in
+// `error` when the file cannot be written (the timeline is then off).
+__attribute__((visibility("default"))) int jaxfog_timeline_start(const char* path_template,
+                                                                   int rank, char* error,
+                                                                   int error_length) {
+  std::string message;
+  if (jaxfog::timeline::Start(path_template ? path_template : "", rank, &message)) return 0;
+  CopyMessage(message, error, error_length);
+  return 1;
+}
+
+// Writes everything the timeline recorded so far (the whole file). Returns 0,
+// also when the timeline is off, or 1 after a warning on stderr.
+__attribute__((visibility("default"))) int jaxfog_timeline_flush() {
+  std::string error;
+  if (jaxfog::timeline::Flush(&error)) return 0;
+  std::fprintf(stderr, "warning: %s\n", error.c_str());
+  return 1;
 }
 
 // Messages of at least `bytes` go through the communication thread; smaller

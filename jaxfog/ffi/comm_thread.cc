@@ -1,5 +1,7 @@
 #include "comm_thread.h"
 
+#include "timeline.h"
+
 namespace jaxfog {
 
 CommThread& CommThread::Global() {
@@ -31,10 +33,11 @@ ffi::Future CommThread::Fence() {
 ffi::Future CommThread::Enqueue(Work work) {
   ffi::Promise promise;
   ffi::Future future(promise);
+  const int64_t queued_at = timeline::Enabled() ? timeline::Now() : -1;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
-    queue_.emplace_back(std::move(work), std::move(promise));
+    queue_.push_back({std::move(work), std::move(promise), queued_at});
   }
   wake_.notify_one();
   return future;
@@ -46,14 +49,20 @@ void CommThread::Drain() {
 }
 
 void CommThread::Loop() {
+  timeline::NameThread("jaxfog communication thread");
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     wake_.wait(lock, [this] { return !queue_.empty(); });
-    auto [work, promise] = std::move(queue_.front());
+    auto [work, promise, queued_at] = std::move(queue_.front());
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    const ffi::Error error = work();
+    const ffi::Error error = [&, queued_at = queued_at] {
+      // The op's span shows how long the work waited for this thread; scoped
+      // to the work, not to the continuations XLA may run in SetAvailable.
+      timeline::Queued queued(queued_at);
+      return work();
+    }();
     // XLA may run the thunks waiting on the future right here, inside
     // SetAvailable; they can only hand this thread new work, never wait for it.
     if (error.success()) {

@@ -60,7 +60,12 @@ class CommThread {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable idle_;
-  std::deque<std::pair<Work, ffi::Promise>> queue_;
+  struct Item {
+    Work work;
+    ffi::Promise promise;
+    int64_t queued_at;  // timeline::Now() at hand-over; -1 when the timeline is off
+  };
+  std::deque<Item> queue_;
   bool busy_ = false;
   std::thread thread_;  // started on first use; never joined (lives until exit)
 };

@@ -18,6 +18,7 @@
 #include "kernels.h"
 #include "registry.h"
 #include "scratch.h"
+#include "timeline.h"
 #include "transport.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -152,6 +153,18 @@ size_t TotalBytes(const std::vector<Leaf>& leaves) {
   return total;
 }
 
+// Fills the args of an op's timeline span. Each Job's work opens that span
+// where the op runs (XLA's thread or the communication thread) and calls this
+// only while the timeline records, so that off the span costs one flag check.
+void Annotate(timeline::Span& span, int64_t comm_id, const Transport* transport,
+              int64_t signature, size_t bytes) {
+  timeline::OpArgs& args = span.args();
+  args.comm = comm_id;
+  args.bytes = static_cast<int64_t>(bytes);
+  args.seq = static_cast<int64_t>(transport->sequence() + 1);  // the op about to run
+  args.signature = signature;
+}
+
 // Rank of this process in communicator `comm_id`, as an int32 scalar.
 ffi::Error RankImpl(int64_t comm_id, ffi::Result<ffi::BufferR0<ffi::S32>> out) {
   ffi::ErrorOr<Transport*> transport = LookupTransport(comm_id);
@@ -169,7 +182,11 @@ ffi::Error SizeImpl(int64_t comm_id, ffi::Result<ffi::BufferR0<ffi::S32>> out) {
 
 ffi::ErrorOr<Job> BarrierJob(int64_t comm_id, ffi::Token, ffi::Result<ffi::Token>) {
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  return Job{0, [transport] { return transport->Barrier(); }};
+  return Job{0, [transport, comm_id] {
+    timeline::Span span("barrier", timeline::Span::kOp);
+    if (span) span.args().comm = comm_id;  // not sequenced: no headers, no seq
+    return transport->Barrier();
+  }};
 }
 
 // Completes once every op handed to the communication thread before it has
@@ -198,6 +215,7 @@ ffi::Error NeighborAllreduce(Transport* transport, int64_t signature, const Entr
     } else {
       scaled.push_back(pool.Acquire(stride));
       char* base = scaled.back().data();
+      timeline::Span span("scale");
       for (size_t l = 0; l < in.size(); ++l) {
         if (ffi::Error err = WeightedSum(in[l].type, in[l].count, base + offsets[l], in[l].in,
                                          entry.send_weights[s], {}, {});
@@ -218,6 +236,7 @@ ffi::Error NeighborAllreduce(Transport* transport, int64_t signature, const Entr
   const OpInfo info{OpCode::kNeighborAllreduce, static_cast<uint64_t>(signature)};
   if (ffi::Error err = transport->Exchange(info, sends, recvs); !err.success()) return err;
 
+  timeline::Span span("weighted sum");
   std::vector<const void*> others(k);
   for (size_t l = 0; l < in.size(); ++l) {
     for (size_t j = 0; j < k; ++j) others[j] = received.data() + j * stride + offsets[l];
@@ -242,7 +261,15 @@ ffi::ErrorOr<Job> NeighborAllreduceJob(int64_t comm_id, int64_t signature, F64s 
                                              recv_ranks, recv_weights, transport->size()));
   JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "neighbor_allreduce"));
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
-  return Job{TotalBytes(in), [=] { return NeighborAllreduce(transport, signature, entry, in, out); }};
+  const size_t bytes = TotalBytes(in);
+  return Job{bytes, [=] {
+    timeline::Span span(OpName(OpCode::kNeighborAllreduce), timeline::Span::kOp);
+    if (span) {
+      Annotate(span, comm_id, transport, signature, bytes);
+      span.args().Peers(entry.send_ranks, entry.recv_ranks);
+    }
+    return NeighborAllreduce(transport, signature, entry, in, out);
+  }};
 }
 
 // out = concat over recv_ranks (in that order) of x_j along axis 0; the
@@ -277,8 +304,15 @@ ffi::ErrorOr<Job> NeighborAllgatherJob(int64_t comm_id, int64_t signature, I64s 
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
   std::vector<int64_t> sends(send_ranks.begin(), send_ranks.end());
   std::vector<int64_t> recvs(recv_ranks.begin(), recv_ranks.end());
-  return Job{TotalBytes(in),
-             [=] { return NeighborAllgather(transport, signature, sends, recvs, in, out); }};
+  const size_t bytes = TotalBytes(in);
+  return Job{bytes, [=] {
+    timeline::Span span(OpName(OpCode::kNeighborAllgather), timeline::Span::kOp);
+    if (span) {
+      Annotate(span, comm_id, transport, signature, bytes);
+      span.args().Peers(sends, recvs);
+    }
+    return NeighborAllgather(transport, signature, sends, recvs, in, out);
+  }};
 }
 
 // The adjoint of neighbor_allgather: block i of every input leaf goes back to
@@ -307,6 +341,7 @@ ffi::Error NeighborReduceScatter(Transport* transport, int64_t signature,
   }
   const OpInfo info{OpCode::kNeighborReduceScatter, static_cast<uint64_t>(signature)};
   if (ffi::Error err = transport->Exchange(info, sends, recvs); !err.success()) return err;
+  timeline::Span span("weighted sum");
   std::vector<const void*> others(k);
   const std::vector<double> ones(k, 1.0);
   for (size_t l = 0; l < out.size(); ++l) {
@@ -329,8 +364,15 @@ ffi::ErrorOr<Job> NeighborReduceScatterJob(int64_t comm_id, int64_t signature,
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
   std::vector<int64_t> sends(send_ranks.begin(), send_ranks.end());
   std::vector<int64_t> recvs(recv_ranks.begin(), recv_ranks.end());
-  return Job{TotalBytes(out),
-             [=] { return NeighborReduceScatter(transport, signature, sends, recvs, in, out); }};
+  const size_t bytes = TotalBytes(out);
+  return Job{bytes, [=] {
+    timeline::Span span(OpName(OpCode::kNeighborReduceScatter), timeline::Span::kOp);
+    if (span) {
+      Annotate(span, comm_id, transport, signature, bytes);
+      span.args().Peers(sends, recvs);
+    }
+    return NeighborReduceScatter(transport, signature, sends, recvs, in, out);
+  }};
 }
 
 // Packs leaves into `base` at `offsets` (when a pytree must be one message).
@@ -407,7 +449,12 @@ ffi::ErrorOr<Job> AllreduceJob(int64_t comm_id, int64_t signature, bool mean, ff
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
   JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "allreduce"));
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
-  return Job{TotalBytes(in), [=] { return Allreduce(transport, signature, mean, in, out); }};
+  const size_t bytes = TotalBytes(in);
+  return Job{bytes, [=] {
+    timeline::Span span(OpName(OpCode::kAllreduce), timeline::Span::kOp);
+    if (span) Annotate(span, comm_id, transport, signature, bytes);
+    return Allreduce(transport, signature, mean, in, out);
+  }};
 }
 
 // Every rank gets root's value (one message for the whole pytree).
@@ -439,7 +486,15 @@ ffi::ErrorOr<Job> BroadcastJob(int64_t comm_id, int64_t signature, int64_t root,
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
   JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "broadcast"));
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
-  return Job{TotalBytes(in), [=] { return Broadcast(transport, signature, root, in, out); }};
+  const size_t bytes = TotalBytes(in);
+  return Job{bytes, [=] {
+    timeline::Span span(OpName(OpCode::kBroadcast), timeline::Span::kOp);
+    if (span) {
+      Annotate(span, comm_id, transport, signature, bytes);
+      span.args().root = root;
+    }
+    return Broadcast(transport, signature, root, in, out);
+  }};
 }
 
 // out = concat over ranks 0..n-1 of x along axis 0 (one message per leaf set).
@@ -474,7 +529,12 @@ ffi::ErrorOr<Job> AllgatherJob(int64_t comm_id, int64_t signature, ffi::Token,
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
   JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "allgather"));
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
-  return Job{TotalBytes(in), [=] { return Allgather(transport, signature, in, out); }};
+  const size_t bytes = TotalBytes(in);
+  return Job{bytes, [=] {
+    timeline::Span span(OpName(OpCode::kAllgather), timeline::Span::kOp);
+    if (span) Annotate(span, comm_id, transport, signature, bytes);
+    return Allgather(transport, signature, in, out);
+  }};
 }
 
 // Wraps a Job factory as an asynchronous handler with the same arguments.

@@ -10,6 +10,7 @@
 
 #include "dtype.h"
 #include "status.h"
+#include "timeline.h"
 
 namespace jaxfog {
 
@@ -188,6 +189,7 @@ std::string MpiTransport::Describe(const OpInfo& info) const {
 }
 
 ffi::Error MpiTransport::Barrier() {
+  timeline::Span span("MPI_Ibarrier");
   std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
   if (ffi::Error err = CheckMpi(MPI_Ibarrier(comm_, &requests[0]), "MPI_Ibarrier");
       !err.success()) {
@@ -199,7 +201,7 @@ ffi::Error MpiTransport::Barrier() {
 
 ffi::Error MpiTransport::WaitAll(std::vector<MPI_Request>& requests,
                                  const std::vector<std::string>& owners,
-                                 const std::string& what) {
+                                 const std::string& what, std::vector<int64_t>* done_at) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   // MPI makes progress only while polled, so keep polling; yield the core
@@ -207,15 +209,34 @@ ffi::Error MpiTransport::WaitAll(std::vector<MPI_Request>& requests,
   // lasted long enough that latency no longer matters.
   constexpr double kSleepAfterSeconds = 0.05;
   constexpr auto kPause = std::chrono::microseconds(100);
+  // Testsome rather than Testall: it completes (and nulls) each request as it
+  // finishes, so we know which finished when, and a timeout names only the
+  // requests still pending.
+  const int n = static_cast<int>(requests.size());
+  int pending = static_cast<int>(
+      std::count_if(requests.begin(), requests.end(),
+                    [](MPI_Request r) { return r != MPI_REQUEST_NULL; }));
+  int few[8];  // indices of finished requests; no allocation for the usual few
+  std::vector<int> many(requests.size() > 8 ? requests.size() : 0);
+  int* finished = many.empty() ? few : many.data();
+  if (done_at != nullptr) done_at->assign(requests.size(), timeline::Now());
   for (int polls = 0;; ++polls) {
-    int done = 0;
-    int code = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
-                           MPI_STATUSES_IGNORE);
+    if (pending == 0) return ffi::Error::Success();
+    int count = 0;
+    int code = MPI_Testsome(n, requests.data(), &count, finished, MPI_STATUSES_IGNORE);
     if (code != MPI_SUCCESS) {
       Abandon(requests);
       return CheckMpi(code, what);
     }
-    if (done) return ffi::Error::Success();
+    if (count == MPI_UNDEFINED) return ffi::Error::Success();  // none left active
+    if (count > 0) {
+      pending -= count;
+      if (done_at != nullptr) {
+        const int64_t now = timeline::Now();
+        for (int i = 0; i < count; ++i) (*done_at)[finished[i]] = now;
+      }
+      continue;  // poll again at once: more may have finished
+    }
     if (timeout_seconds_ > 0 &&
         std::chrono::duration<double>(Clock::now() - start).count() > timeout_seconds_) {
       std::string waiting;
@@ -259,6 +280,9 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
     Abandon(data_requests);
     return CheckMpi(code, what + ": " + call);
   };
+  timeline::Span post("post");
+  const bool timed = static_cast<bool>(post);  // the one check for the whole exchange
+  std::vector<int> data_peers;                 // peer of each data request, when timed
   // Receives first, so that eager sends find them posted.
   for (size_t i = 0; i < recvs.size(); ++i) {
     header_requests.emplace_back(MPI_REQUEST_NULL);
@@ -285,6 +309,7 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
       data_requests.emplace_back(MPI_REQUEST_NULL);
       data_owners.push_back((send ? "the send to rank " : "data from rank ") +
                             std::to_string(peer));
+      if (timed) data_peers.push_back(peer);
       if (int rc = PostChunk(chunk, send, peer, comm_, &data_requests.back());
           rc != MPI_SUCCESS) {
         return rc;
@@ -302,9 +327,13 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
       return fail(rc, "MPI_Isend to rank " + std::to_string(send.peer));
     }
   }
+  const int64_t posted = post.End();  // the waits start here
+  std::vector<int64_t> header_done, data_done;
   // Headers first: a peer in another op, or with another shape, is named
   // before any data of the wrong size is waited for.
-  if (ffi::Error err = WaitAll(header_requests, header_owners, what); !err.success()) {
+  if (ffi::Error err = WaitAll(header_requests, header_owners, what,
+                               timed ? &header_done : nullptr);
+      !err.success()) {
     Abandon(data_requests);
     return err;
   }
@@ -329,10 +358,31 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
                                          " " + problem);
     }
   }
-  return WaitAll(data_requests, data_owners, what);
+  if (ffi::Error err = WaitAll(data_requests, data_owners, what, timed ? &data_done : nullptr);
+      !err.success() || !timed) {
+    return err;
+  }
+  // One "wait <peer>" span per peer: from the end of posting until the last
+  // message to or from it (header or data) completed.
+  std::vector<std::pair<int, int64_t>> peer_done;  // in recv, then send order
+  auto done = [&](int peer, int64_t at) {
+    for (auto& [p, t] : peer_done) {
+      if (p == peer) {
+        t = std::max(t, at);
+        return;
+      }
+    }
+    peer_done.emplace_back(peer, at);
+  };
+  for (size_t i = 0; i < recvs.size(); ++i) done(recvs[i].peer, header_done[i]);
+  for (size_t i = 0; i < sends.size(); ++i) done(sends[i].peer, header_done[recvs.size() + i]);
+  for (size_t i = 0; i < data_peers.size(); ++i) done(data_peers[i], data_done[i]);
+  for (const auto& [peer, at] : peer_done) timeline::Record("wait", peer, posted, at);
+  return ffi::Error::Success();
 }
 
 ffi::Error MpiTransport::Agree(const OpInfo& info, uint64_t bytes, const std::string& what) {
+  timeline::Span span("agree");
   // One MAX-allreduce of (x, -x) gives every rank both max and min of x.
   constexpr int64_t kMask = INT64_MAX;
   const int64_t mine[4] = {static_cast<int64_t>(info.op), static_cast<int64_t>(sequence_),
@@ -378,6 +428,7 @@ ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out
   MPI_Op op = type == ffi::DataType::F16    ? half_sum_
               : type == ffi::DataType::BF16 ? bfloat16_sum_
                                             : MPI_SUM;
+  timeline::Span span("MPI_Iallreduce");
   const size_t per_call = std::max<size_t>(1, max_message_bytes_ / width);
   std::vector<MPI_Request> requests;
   for (size_t start = 0; start < count; start += per_call) {
@@ -398,6 +449,7 @@ ffi::Error MpiTransport::Broadcast(const OpInfo& info, void* data, size_t bytes,
   ++sequence_;
   const std::string what = Describe(info);
   if (ffi::Error err = Agree(info, bytes, what); !err.success()) return err;
+  timeline::Span span("MPI_Ibcast");
   std::vector<MPI_Request> requests;
   for (size_t start = 0; start < bytes; start += max_message_bytes_) {
     const size_t n = std::min(max_message_bytes_, bytes - start);
@@ -423,6 +475,7 @@ ffi::Error MpiTransport::Allgather(const OpInfo& info, const void* in, void* out
         "message can carry here (" + std::to_string(max_message_bytes_) +
         " bytes); gather a pytree of smaller leaves instead");
   }
+  timeline::Span span("MPI_Iallgather");
   std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
   if (int rc = MPI_Iallgather(in, static_cast<int>(bytes), MPI_BYTE, out,
                               static_cast<int>(bytes), MPI_BYTE, comm_, &requests[0]);

@@ -23,6 +23,7 @@ class MpiTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
+  uint64_t sequence() const override { return sequence_; }
 
   ffi::Error Barrier() override;
   ffi::Error Exchange(const OpInfo& info, const std::vector<SendSpec>& sends,
@@ -35,9 +36,11 @@ class MpiTransport final : public Transport {
 
  private:
   // Completes `requests`; `owners[i]` names what request i is for, so that a
-  // timeout says which peers never answered.
+  // timeout says which peers never answered. With `done_at`, it also records
+  // when each request completed (timeline::Now(); for the timeline).
   ffi::Error WaitAll(std::vector<MPI_Request>& requests,
-                     const std::vector<std::string>& owners, const std::string& what);
+                     const std::vector<std::string>& owners, const std::string& what,
+                     std::vector<int64_t>* done_at = nullptr);
   // Checks that all ranks agree on (op, sequence number, signature, bytes).
   ffi::Error Agree(const OpInfo& info, uint64_t bytes, const std::string& what);
   std::string Describe(const OpInfo& info) const;

@@ -65,6 +65,9 @@ class Transport {
   virtual int size() const = 0;
   // Human-readable backend name, used in error messages ("mpi", "nccl").
   virtual std::string backend() const = 0;
+  // Sequenced ops run so far (the op number message headers carry; the
+  // timeline shows it).
+  virtual uint64_t sequence() const = 0;
 
   // Blocks until every rank of the communicator has entered, or fails once
   // the transport's timeout has passed (a dead or diverged peer).
