@@ -45,6 +45,11 @@ DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 #: progresses only while polled, so the thread needs a core of its own), else off.
 ASYNC_MIN_BYTES_ENV = "JAXFOG_ASYNC_MIN_BYTES"
 ASYNC_MIN_BYTES = 1 << 16
+#: Bytes of freed memory the process keeps mapped instead of handing back to
+#: the kernel (glibc), so that XLA's fresh output buffers and MPI's temporaries
+#: reuse warm pages; ``0`` leaves malloc as it is.
+KEEP_FREED_BYTES_ENV = "JAXFOG_KEEP_FREED_BYTES"
+KEEP_FREED_BYTES = 512 << 20
 
 # Communicator ids in the C++ registry: the world duplicate, the ranks of this
 # machine, and the machines' local rank 0s (registered on those ranks only).
@@ -141,6 +146,16 @@ def _async_min_bytes_from_env(local_size: int) -> int:
     return int(text)
 
 
+def _keep_freed_bytes_from_env() -> int:
+    text = os.environ.get(KEEP_FREED_BYTES_ENV, "").strip()
+    if not text:
+        return KEEP_FREED_BYTES
+    if not text.isdigit():
+        raise ValueError(f"{KEEP_FREED_BYTES_ENV}={text!r} must be a number of bytes "
+                         "(0: leave malloc as it is)")
+    return int(text)
+
+
 def _faked_nodes_per_machine(size: int) -> int | None:
     for name in NODES_PER_MACHINE_ENV:
         text = os.environ.get(name)
@@ -224,6 +239,9 @@ def init(topology: T.Topology | Any | None = None) -> None:
         for comm_id, member in comms.items():
             _register(lib, comm_id, member, timeout, max_message)
         lib.jaxfog_set_async_min_bytes(_async_min_bytes_from_env(local_size))
+        keep = _keep_freed_bytes_from_env()
+        if keep:
+            lib.jaxfog_keep_freed_memory(keep)
         ffi.start_timeline(rank)  # JAXFOG_TIMELINE
     except BaseException:
         _release(lib, comms)

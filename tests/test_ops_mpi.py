@@ -187,6 +187,46 @@ def test_pytrees_dtypes_scalars_and_empty():
     assert int(out) == int(big.sum())
 
 
+@mpi_test(nprocs=(2, 3))
+def test_large_messages_are_summed_piece_by_piece():
+    """Messages of 1 MB and more are summed as their pieces arrive; piece
+    boundaries fall inside elements of every width, and senders scale."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog.topology as T
+    from reference import global_values
+
+    jf, r, n, _ = _setup()
+    X = global_values(n, (100_003,), seed=11)
+    W = np.random.default_rng(3).uniform(0.1, 1.0, (n, n))
+    ints = (X * 1000).astype(np.int64)
+    tree = {"a_i32": jnp.asarray(ints[r][:3], jnp.int32),  # offsets every later leaf by 12
+            "b_f64": jnp.asarray(X[r]), "c_f16": jnp.asarray(X[r][:-2], jnp.float16),
+            "d_c64": jnp.asarray(X[r] + 1j, jnp.complex64),
+            "e_i64": jnp.asarray(ints[r]), "f_bf16": jnp.asarray(X[r][:77_777], jnp.bfloat16)}
+    assert sum(v.nbytes for v in jax.tree.leaves(tree)) > 2 << 20
+    # Pull with a scaled send: rank j sends 2 * x_j to every out-neighbour.
+    topo = T.from_weights(W)
+    src = {j: float(W[r, j]) / 2 for j in topo.in_neighbors(r)}
+    dst = {i: 2.0 for i in topo.out_neighbors(r)}
+    def mix(tree):
+        return jf.neighbor_allreduce(tree, self_weight=float(W[r, r]), src_weights=src,
+                                     dst_weights=dst)
+
+    for fn in (mix, jf.jit(mix)):
+        out = fn(tree)
+        np.testing.assert_array_equal(out["a_i32"], np.rint(W @ ints[:, :3])[r])
+        np.testing.assert_allclose(out["b_f64"], (W @ X)[r], rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(out["c_f16"].astype(np.float64), (W @ X[:, :-2])[r],
+                                   rtol=5e-3, atol=5e-3)
+        np.testing.assert_allclose(out["d_c64"], (W @ (X + 1j))[r], rtol=1e-5)
+        np.testing.assert_array_equal(out["e_i64"], np.rint(W @ ints.astype(np.float64))[r])
+        np.testing.assert_allclose(out["f_bf16"].astype(np.float64), (W @ X[:, :77_777])[r],
+                                   rtol=3e-2, atol=3e-2)
+
+
 @mpi_test()
 def test_collectives():
     import jax

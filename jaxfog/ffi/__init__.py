@@ -66,6 +66,8 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_register_mpi_comm.restype = ctypes.c_int
     lib.jaxfog_release_comm.argtypes = [ctypes.c_int64]
     lib.jaxfog_release_comm.restype = ctypes.c_int
+    lib.jaxfog_keep_freed_memory.argtypes = [ctypes.c_int64]
+    lib.jaxfog_keep_freed_memory.restype = ctypes.c_int
     lib.jaxfog_set_async_min_bytes.argtypes = [ctypes.c_int64]
     lib.jaxfog_set_async_min_bytes.restype = None
     lib.jaxfog_async_min_bytes.restype = ctypes.c_int64

@@ -1,9 +1,11 @@
 // Plain C entry points for the Python runtime (loaded with ctypes). They run
 // at init/shutdown only, never on the hot path.
+#include <malloc.h>
 #include <mpi.h>
 
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -87,6 +89,24 @@ __attribute__((visibility("default"))) int jaxfog_timeline_flush() {
   if (jaxfog::timeline::Flush(&error)) return 0;
   std::fprintf(stderr, "warning: %s\n", error.c_str());
   return 1;
+}
+
+// Keeps freed memory in the process (glibc malloc) instead of returning it to
+// the kernel: blocks up to the largest mmap threshold glibc allows (32 MiB on
+// 64-bit) come from the heap, and up to `keep_bytes` free at its top stay
+// mapped. Otherwise every call of a jitted step gets fresh, unmapped pages for
+// its outputs (XLA allocates them anew) and MPI's temporaries, and pays a page
+// fault per 4 KiB on the hot path. Returns 0 on success (non-glibc: 1).
+__attribute__((visibility("default"))) int jaxfog_keep_freed_memory(int64_t keep_bytes) {
+#if defined(__GLIBC__)
+  const bool ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 &&
+                  mallopt(M_TRIM_THRESHOLD, static_cast<int>(std::min<int64_t>(
+                                                keep_bytes, int64_t{1} << 30))) == 1;
+  return ok ? 0 : 1;
+#else
+  (void)keep_bytes;
+  return 1;
+#endif
 }
 
 // Messages of at least `bytes` go through the communication thread; smaller

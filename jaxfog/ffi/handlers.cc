@@ -196,6 +196,56 @@ ffi::Future Fence(ffi::Token, ffi::Result<ffi::Token>, ffi::Result<ffi::BufferR0
   return CommThread::Global().Fence();
 }
 
+// Messages of at least this size are summed piece by piece as they arrive.
+constexpr size_t kStreamMinBytes = size_t{1} << 20;
+constexpr size_t kStreamChunkBytes = size_t{256} << 10;
+
+// The weighted sum of neighbor averaging over a growing prefix of the
+// message: a message is its leaves' bytes back to back; leaf l lies in the
+// receive buffers at `offsets[l]` (stride apart per peer).
+class PartialSums {
+ public:
+  PartialSums(const std::vector<Leaf>& in, const std::vector<Leaf>& out,
+              const std::vector<size_t>& offsets, const char* received, size_t stride,
+              const Entry& entry)
+      : in_(in), out_(out), offsets_(offsets), received_(received), stride_(stride),
+        entry_(entry), done_(in.size(), 0) {}
+
+  // Sums every element that lies wholly within the first `bytes` of the message.
+  ffi::Error UpTo(size_t bytes) {
+    const size_t k = entry_.recv_ranks.size();
+    std::vector<const void*> others(k);
+    size_t start = 0;  // of leaf l in the message
+    for (size_t l = 0; l < in_.size(); start += in_[l].bytes, ++l) {
+      const Leaf& leaf = in_[l];
+      if (bytes <= start || done_[l] == leaf.count) continue;
+      const size_t width = leaf.count ? leaf.bytes / leaf.count : 1;
+      const size_t ready = std::min(leaf.count, (bytes - start) / width);
+      if (ready <= done_[l]) continue;
+      const size_t at = done_[l] * width;
+      for (size_t j = 0; j < k; ++j) others[j] = received_ + j * stride_ + offsets_[l] + at;
+      if (ffi::Error err = WeightedSum(leaf.type, ready - done_[l],
+                                       static_cast<char*>(out_[l].out) + at,
+                                       static_cast<const char*>(leaf.in) + at,
+                                       entry_.self_weight, others, entry_.recv_weights);
+          !err.success()) {
+        return err;
+      }
+      done_[l] = ready;
+    }
+    return ffi::Error::Success();
+  }
+
+ private:
+  const std::vector<Leaf>& in_;
+  const std::vector<Leaf>& out_;
+  const std::vector<size_t>& offsets_;
+  const char* received_;
+  size_t stride_;
+  const Entry& entry_;
+  std::vector<size_t> done_;  // elements summed, per leaf
+};
+
 // out_i = self_weight * x_i + sum_{j in recv} recv_weight_j * (x_j as sent by j),
 // where a sender scales what it sends by its send weight. All leaves of a
 // pytree travel as one message per peer; the sum is one pass per leaf.
@@ -234,19 +284,19 @@ ffi::Error NeighborAllreduce(Transport* transport, int64_t signature, const Entr
     recvs.push_back({entry.recv_ranks[j], PiecesAt(received.data() + j * stride, in, offsets)});
   }
   const OpInfo info{OpCode::kNeighborAllreduce, static_cast<uint64_t>(signature)};
-  if (ffi::Error err = transport->Exchange(info, sends, recvs); !err.success()) return err;
-
-  timeline::Span span("weighted sum");
-  std::vector<const void*> others(k);
-  for (size_t l = 0; l < in.size(); ++l) {
-    for (size_t j = 0; j < k; ++j) others[j] = received.data() + j * stride + offsets[l];
-    if (ffi::Error err = WeightedSum(in[l].type, in[l].count, out[l].out, in[l].in,
-                                     entry.self_weight, others, entry.recv_weights);
-        !err.success()) {
-      return err;
-    }
+  PartialSums sums(in, out, offsets, received.data(), stride, entry);
+  if (k == 0 || stride < kStreamMinBytes) {
+    if (ffi::Error err = transport->Exchange(info, sends, recvs); !err.success()) return err;
+    timeline::Span span("weighted sum");
+    return sums.UpTo(Streaming::kAll);
   }
-  return ffi::Error::Success();
+  // Large messages: sum each piece as soon as it is in from every peer, while
+  // the next pieces travel, and while it is still in cache.
+  const Streaming streaming{kStreamChunkBytes, [&sums](size_t bytes) {
+                              timeline::Span span("weighted sum");
+                              return sums.UpTo(bytes);
+                            }};
+  return transport->Exchange(info, sends, recvs, &streaming);
 }
 
 ffi::ErrorOr<Job> NeighborAllreduceJob(int64_t comm_id, int64_t signature, F64s self_weights,
@@ -403,7 +453,7 @@ ffi::Error Allreduce(Transport* transport, int64_t signature, bool mean,
       }
     }
     const size_t width = ffi::ByteWidth(type);
-    if (members.size() == 1) {
+    if (members.size() == 1) {  // in place into XLA's output: no packing pass
       const size_t l = members[0];
       if (ffi::Error err = transport->Allreduce(info, in[l].in, out[l].out, count, type,
                                                 ReduceOp::kSum);
@@ -432,9 +482,11 @@ ffi::Error Allreduce(Transport* transport, int64_t signature, bool mean,
     }
     at = 0;
     for (size_t l : members) {
-      if (ffi::Error err = WeightedSum(type, out[l].count, out[l].out, summed.data() + at,
-                                       scale, {}, {});
-          !err.success()) {
+      if (!mean) {  // a copy: int64 sums stay exact
+        if (out[l].bytes) std::memcpy(out[l].out, summed.data() + at, out[l].bytes);
+      } else if (ffi::Error err = WeightedSum(type, out[l].count, out[l].out,
+                                              summed.data() + at, scale, {}, {});
+                 !err.success()) {
         return err;
       }
       at += out[l].bytes;

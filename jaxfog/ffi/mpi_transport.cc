@@ -4,6 +4,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -123,6 +124,34 @@ int PostChunk(const std::vector<Run>& runs, bool send, int peer, MPI_Comm comm,
   return rc;
 }
 
+// Turns completed data requests into Streaming::arrived calls: receive i
+// (requests [first[i], first[i + 1]), chunks in message order) has its first
+// `done * chunk_bytes` bytes once its first `done` chunks completed (MPI
+// matches messages between two ranks in order, but may complete them in any).
+std::function<ffi::Error(const int*, int)> StreamArrivals(const Streaming& streaming,
+                                      const std::vector<size_t>& first, size_t chunk_bytes) {
+  const size_t receives = first.size() - 1;
+  auto complete = std::make_shared<std::vector<bool>>(first.back(), false);
+  auto prefix = std::make_shared<std::vector<size_t>>(receives, 0);
+  auto reported = std::make_shared<size_t>(0);
+  return [&streaming, &first, chunk_bytes, receives, complete, prefix, reported](
+             const int* indices, int count) -> ffi::Error {
+    for (int i = 0; i < count; ++i) {
+      if (static_cast<size_t>(indices[i]) < complete->size()) (*complete)[indices[i]] = true;
+    }
+    size_t arrived = Streaming::kAll;
+    for (size_t r = 0; r < receives; ++r) {
+      size_t& done = (*prefix)[r];
+      const size_t chunks = first[r + 1] - first[r];
+      while (done < chunks && (*complete)[first[r] + done]) ++done;
+      if (done < chunks) arrived = std::min(arrived, done * chunk_bytes);
+    }
+    if (arrived == Streaming::kAll || arrived <= *reported) return ffi::Error::Success();
+    *reported = arrived;
+    return streaming.arrived(arrived);
+  };
+}
+
 std::string Seconds(double seconds) {
   char text[32];
   std::snprintf(text, sizeof(text), "%g", seconds);
@@ -201,7 +230,8 @@ ffi::Error MpiTransport::Barrier() {
 
 ffi::Error MpiTransport::WaitAll(std::vector<MPI_Request>& requests,
                                  const std::vector<std::string>& owners,
-                                 const std::string& what, std::vector<int64_t>* done_at) {
+                                 const std::string& what, std::vector<int64_t>* done_at,
+                                 const Finished& on_finished) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   // MPI makes progress only while polled, so keep polling; yield the core
@@ -235,6 +265,12 @@ ffi::Error MpiTransport::WaitAll(std::vector<MPI_Request>& requests,
         const int64_t now = timeline::Now();
         for (int i = 0; i < count; ++i) (*done_at)[finished[i]] = now;
       }
+      if (on_finished) {
+        if (ffi::Error err = on_finished(finished, count); !err.success()) {
+          Abandon(requests);
+          return err;
+        }
+      }
       continue;  // poll again at once: more may have finished
     }
     if (timeout_seconds_ > 0 &&
@@ -266,7 +302,8 @@ ffi::Error MpiTransport::WaitAll(std::vector<MPI_Request>& requests,
 }
 
 ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec>& sends,
-                                  const std::vector<RecvSpec>& recvs) {
+                                  const std::vector<RecvSpec>& recvs,
+                                  const Streaming* streaming) {
   ++sequence_;
   const std::string what = Describe(info);
   std::vector<Header> out_headers(sends.size());
@@ -304,8 +341,12 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
       return fail(rc, "MPI_Isend of a header to rank " + std::to_string(sends[i].peer));
     }
   }
+  const size_t chunk_bytes =
+      streaming ? std::min(streaming->chunk_bytes, max_message_bytes_) : max_message_bytes_;
+  // The data requests of receive i are [recv_first[i], recv_first[i + 1]).
+  std::vector<size_t> recv_first;
   auto post_data = [&](const auto& pieces, int peer, bool send) -> int {
-    for (const auto& chunk : Chunks(Runs(pieces), max_message_bytes_)) {
+    for (const auto& chunk : Chunks(Runs(pieces), chunk_bytes)) {
       data_requests.emplace_back(MPI_REQUEST_NULL);
       data_owners.push_back((send ? "the send to rank " : "data from rank ") +
                             std::to_string(peer));
@@ -318,10 +359,12 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
     return MPI_SUCCESS;
   };
   for (const RecvSpec& recv : recvs) {
+    recv_first.push_back(data_requests.size());
     if (int rc = post_data(recv.pieces, recv.peer, false); rc != MPI_SUCCESS) {
       return fail(rc, "MPI_Irecv from rank " + std::to_string(recv.peer));
     }
   }
+  recv_first.push_back(data_requests.size());
   for (const SendSpec& send : sends) {
     if (int rc = post_data(send.pieces, send.peer, true); rc != MPI_SUCCESS) {
       return fail(rc, "MPI_Isend to rank " + std::to_string(send.peer));
@@ -358,10 +401,16 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
                                          " " + problem);
     }
   }
-  if (ffi::Error err = WaitAll(data_requests, data_owners, what, timed ? &data_done : nullptr);
-      !err.success() || !timed) {
+  if (ffi::Error err = WaitAll(data_requests, data_owners, what, timed ? &data_done : nullptr,
+                               streaming ? StreamArrivals(*streaming, recv_first, chunk_bytes)
+                                         : Finished());
+      !err.success()) {
     return err;
   }
+  if (streaming) {
+    if (ffi::Error err = streaming->arrived(Streaming::kAll); !err.success()) return err;
+  }
+  if (!timed) return ffi::Error::Success();
   // One "wait <peer>" span per peer: from the end of posting until the last
   // message to or from it (header or data) completed.
   std::vector<std::pair<int, int64_t>> peer_done;  // in recv, then send order

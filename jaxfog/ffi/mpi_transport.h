@@ -27,7 +27,8 @@ class MpiTransport final : public Transport {
 
   ffi::Error Barrier() override;
   ffi::Error Exchange(const OpInfo& info, const std::vector<SendSpec>& sends,
-                      const std::vector<RecvSpec>& recvs) override;
+                      const std::vector<RecvSpec>& recvs,
+                      const Streaming* streaming = nullptr) override;
   ffi::Error Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
                        ffi::DataType type, ReduceOp op) override;
   ffi::Error Broadcast(const OpInfo& info, void* data, size_t bytes, int root) override;
@@ -38,9 +39,12 @@ class MpiTransport final : public Transport {
   // Completes `requests`; `owners[i]` names what request i is for, so that a
   // timeout says which peers never answered. With `done_at`, it also records
   // when each request completed (timeline::Now(); for the timeline).
+  // `finished(indices, count)`, when given, runs as requests complete.
+  using Finished = std::function<ffi::Error(const int* indices, int count)>;
   ffi::Error WaitAll(std::vector<MPI_Request>& requests,
                      const std::vector<std::string>& owners, const std::string& what,
-                     std::vector<int64_t>* done_at = nullptr);
+                     std::vector<int64_t>* done_at = nullptr,
+                     const Finished& finished = nullptr);
   // Checks that all ranks agree on (op, sequence number, signature, bytes).
   ffi::Error Agree(const OpInfo& info, uint64_t bytes, const std::string& what);
   std::string Describe(const OpInfo& info) const;

@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -57,6 +59,17 @@ struct RecvSpec {
 
 enum class ReduceOp { kSum };
 
+// An exchange whose messages travel in pieces of `chunk_bytes`, so that the
+// receiver works on the head of the data while the rest is in flight:
+// `arrived(bytes)` runs, on the exchanging thread, each time the first
+// `bytes` of every receive have arrived (nondecreasing; kAll once all have).
+// Both sides of every message must use the same chunk_bytes.
+struct Streaming {
+  static constexpr size_t kAll = std::numeric_limits<size_t>::max();
+  size_t chunk_bytes;
+  std::function<ffi::Error(size_t bytes)> arrived;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -76,9 +89,11 @@ class Transport {
   // One round of point-to-point messages: every send and receive is posted at
   // once and completed together. Each message carries a header with the op,
   // its sequence number and its size; a receive whose header does not match
-  // what this rank expects fails with an error naming the peer.
+  // what this rank expects fails with an error naming the peer. With
+  // `streaming`, data is handed over as it arrives (see Streaming).
   virtual ffi::Error Exchange(const OpInfo& info, const std::vector<SendSpec>& sends,
-                              const std::vector<RecvSpec>& recvs) = 0;
+                              const std::vector<RecvSpec>& recvs,
+                              const Streaming* streaming = nullptr) = 0;
 
   // Collectives. Before moving data they check that every rank runs the same
   // op with the same signature and size, and fail on every rank otherwise.
