@@ -55,6 +55,7 @@ def apply_primitive(prim: Any, *args: Any, **params: Any) -> Any:
 # --- trace context ---------------------------------------------------------
 
 _TOP_LEVEL = jex_core.get_opaque_trace_state()
+_trace_state = jex_core.get_opaque_trace_state
 
 
 def at_top_level() -> bool:
@@ -63,7 +64,7 @@ def at_top_level() -> bool:
     Public API only: the trace in effect at import (JAX's eval trace) compared
     with the one in effect now.
     """
-    return jex_core.get_opaque_trace_state() == _TOP_LEVEL
+    return _trace_state() == _TOP_LEVEL
 
 
 # --- a value in JAX's trace context (part of every jit cache key) ----------

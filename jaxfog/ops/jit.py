@@ -124,7 +124,9 @@ class Jitted:
         return self._fast if _jax_compat.at_top_level() else self._plain
 
     def __call__(self, *args, **kwargs):
-        return self._pick()(*args, **kwargs)
+        if _jax_compat.at_top_level():  # the hot path: one check, one C++ call
+            return self._fast(*args, **kwargs)
+        return self._plain(*args, **kwargs)
 
     def lower(self, *args, **kwargs):
         """``jax.jit(...).lower``; the compiled result dispatches in C++ too."""
