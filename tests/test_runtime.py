@@ -28,6 +28,13 @@ def test_ops_before_init_are_a_clear_error(fresh, call):
         call()
 
 
+def test_keep_freed_bytes_must_be_a_number(fresh, monkeypatch):
+    monkeypatch.setenv("JAXFOG_KEEP_FREED_BYTES", "lots")
+    with pytest.raises(ValueError, match="JAXFOG_KEEP_FREED_BYTES='lots' must be a number"):
+        jf.init()
+    assert not jf.is_initialized()
+
+
 def test_size_one_without_a_launcher(fresh):
     jf.init()
     assert (jf.rank(), jf.size(), jf.local_size(), jf.machine_size()) == (0, 1, 1, 1)
