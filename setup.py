@@ -161,7 +161,9 @@ class BuildFfi(build_ext):
 
 
 def _install_requires() -> list[str]:
-    requires = ["jax>=0.5", "jaxlib>=0.5", "numpy>=1.24", "mpi4py>=4.0", "optax"]
+    # Tested with jax 0.10 (CPU machines) and 0.11 (the GPU machine); private JAX
+    # API is confined to jaxfog/ops/_jax_compat.py.
+    requires = ["jax>=0.10,<0.12", "jaxlib>=0.10,<0.12", "numpy>=1.24", "mpi4py>=4.0", "optax"]
     if _system_mpicxx() is None:
         requires.append("mpich")
     return requires

@@ -16,6 +16,19 @@ import jaxfog as jf
 from jaxfog.ops import _jax_compat
 
 
+def test_no_touchpoint_failed_at_import():
+    import jaxfog.ops  # noqa: F401  (registers everything)
+
+    assert _jax_compat.BROKEN == {}
+    _jax_compat.require(*_jax_compat.BROKEN)  # nothing to raise
+
+
+def test_a_broken_touchpoint_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(_jax_compat.BROKEN, "probe", AttributeError("gone"))
+    with pytest.raises(_jax_compat.JaxCompatError, match="probe: AttributeError: gone"):
+        _jax_compat.require("probe")
+
+
 def test_jax_version_is_one_we_test():
     assert _jax_compat.jax_version() in _jax_compat.TESTED_JAX, (
         f"jax {jax.__version__} is not in the tested range {_jax_compat.TESTED_JAX}")

@@ -21,6 +21,39 @@ from jax.extend import core as jex_core
 #: The jax releases this module was written and tested against.
 TESTED_JAX = ((0, 10), (0, 11))
 
+#: Touchpoints that failed when jaxfog was imported: name -> the error. A JAX
+#: that moved one still imports jaxfog; the ops that need it raise
+#: :class:`JaxCompatError` naming it, and ``tests/test_jax_compat.py`` fails.
+BROKEN: dict[str, BaseException] = {}
+
+
+class JaxCompatError(RuntimeError):
+    """A private JAX API jaxfog relies on is missing from this JAX version."""
+
+
+def _touchpoint(fn: Callable) -> Callable:
+    """Records (instead of raising) a touchpoint that this JAX lacks."""
+
+    @functools.wraps(fn)
+    def guarded(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ImportError, AttributeError, TypeError) as error:
+            BROKEN[fn.__name__] = error
+            return None
+
+    return guarded
+
+
+def require(*names: str) -> None:
+    """Raises JaxCompatError if any of the named touchpoints is broken."""
+    broken = {n: BROKEN[n] for n in names if n in BROKEN}
+    if broken:
+        detail = "; ".join(f"{n}: {type(e).__name__}: {e}" for n, e in broken.items())
+        raise JaxCompatError(
+            f"jaxfog needs JAX internals that jax {jax.__version__} does not have "
+            f"({detail}); jaxfog is tested with jax {TESTED_JAX}")
+
 
 def jax_version() -> tuple[int, int]:
     major, minor = jax.__version_info__[:2]
@@ -30,6 +63,7 @@ def jax_version() -> tuple[int, int]:
 # --- effects ---------------------------------------------------------------
 
 
+@_touchpoint
 def register_ordered_effect(effect_type: type) -> None:
     """Makes ``effect_type`` ordered (JAX threads a token through its uses) and
     allowed in lowering, control flow, custom derivatives and remat."""
@@ -71,6 +105,7 @@ def at_top_level() -> bool:
 
 
 @functools.cache
+@_touchpoint
 def trace_context_int(name: str, help_text: str) -> Any:
     """An integer JAX config state that is part of the jit cache key and the
     trace context: changing it makes every jitted function trace again."""
@@ -81,7 +116,7 @@ def trace_context_int(name: str, help_text: str) -> Any:
 
 
 def set_trace_context_int(state: Any, name: str, value: int) -> None:
-    if state.value != value:
+    if state is not None and state.value != value:
         jax.config.update(name, value)
 
 
@@ -95,6 +130,7 @@ def aot_fast_path_forgets_ordered_effects() -> bool:
     return jax_version() <= (0, 11)
 
 
+@_touchpoint
 def keep_aot_calls_on_token_path(is_ours: Callable[[Any], bool]) -> bool:
     """Refuses the C++ fast path to AOT-compiled executables with an ordered
     effect that ``is_ours`` claims, so every call threads the runtime token.
@@ -137,6 +173,7 @@ def remove_aot_guard() -> None:
 # --- dead-code elimination --------------------------------------------------
 
 
+@_touchpoint
 def keep_when_unused(prim: Any) -> None:
     """Tells JAX's dead-code elimination to keep every use of ``prim`` even
     when no result is used and it reports no effect."""

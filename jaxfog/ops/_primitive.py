@@ -82,6 +82,7 @@ def lower_comm_call(ctx: mlir.LoweringRuleContext, target: str, operands: Sequen
     and ``ctx.avals_out`` follow (row-major). Python ints/floats/bools become
     i64/f64/i1 attributes, numpy arrays become array attributes.
     """
+    _jax_compat.require("register_ordered_effect")
     token = ctx.tokens_in.get(comm_effect)
     with_token = ctx.replace(avals_in=(_token_aval(), *ctx.avals_in),
                              avals_out=(_token_aval(), *ctx.avals_out))

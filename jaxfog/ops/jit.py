@@ -58,6 +58,7 @@ def _scope_impl(*args, jaxpr: jex_core.ClosedJaxpr):
 
 
 def _scope_lowering(ctx: mlir.LoweringRuleContext, *args, jaxpr: jex_core.ClosedJaxpr):
+    _jax_compat.require("keep_when_unused")
     tokens = dict(ctx.tokens_in.items())
     tokens[comm_effect] = stablehlo.create_token()
     inner = ctx.replace(tokens_in=mlir.TokenSet(tokens), tokens_out=None)
