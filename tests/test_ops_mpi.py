@@ -225,6 +225,14 @@ def test_large_messages_are_summed_piece_by_piece():
         np.testing.assert_array_equal(out["e_i64"], np.rint(W @ ints.astype(np.float64))[r])
         np.testing.assert_allclose(out["f_bf16"].astype(np.float64), (W @ X[:, :77_777])[r],
                                    rtol=3e-2, atol=3e-2)
+    # Rank 0 only sends, the others only receive (a sender that receives
+    # nothing cuts its message into the same pieces as its receivers).
+    star = jf.jit(lambda x: jf.neighbor_allreduce(
+        x, self_weight=1.0 if r == 0 else 0.5, src_weights={} if r == 0 else {0: 0.5},
+        dst_weights=list(range(1, n)) if r == 0 else []))
+    Z = np.concatenate([X, X], axis=1)  # 1.6 MB
+    want = Z[0] if r == 0 else (Z[r] + Z[0]) / 2
+    np.testing.assert_allclose(star(jnp.asarray(Z[r])), want, rtol=1e-12, atol=1e-14)
 
 
 @mpi_test()

@@ -285,7 +285,9 @@ ffi::Error NeighborAllreduce(Transport* transport, int64_t signature, const Entr
   }
   const OpInfo info{OpCode::kNeighborAllreduce, static_cast<uint64_t>(signature)};
   PartialSums sums(in, out, offsets, received.data(), stride, entry);
-  if (k == 0 || stride < kStreamMinBytes) {
+  // Streamed or not depends on the message size alone: a sender and its
+  // receivers must cut the message into the same pieces.
+  if (stride < kStreamMinBytes) {
     if (ffi::Error err = transport->Exchange(info, sends, recvs); !err.success()) return err;
     timeline::Span span("weighted sum");
     return sums.UpTo(Streaming::kAll);
