@@ -87,7 +87,8 @@ def test_backward_pass_fills_the_wait_for_a_late_peer(tmp_path, mode):
     assert result.ok, result.report()
     timing = json.loads(result_file.read_text())
     ratio = timing["elapsed"] / timing["work"]
+    # Measured: async 1.11-1.18, inline 1.64-2.11 (2 cores, shared with the suite).
     if mode == "async":  # about max(wait, compute) = compute
-        assert ratio < 1.5, timing
+        assert ratio < 1.45, timing
     else:  # the exchange holds the executor thread: wait + compute
-        assert ratio > 1.7, timing
+        assert ratio > 1.5, timing
