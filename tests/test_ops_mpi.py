@@ -189,7 +189,7 @@ def test_pytrees_dtypes_scalars_and_empty():
 
 @mpi_test(nprocs=(2, 3))
 def test_large_messages_are_summed_piece_by_piece():
-    """Messages of 1 MB and more are summed as their pieces arrive; piece
+    """Messages of 4 MB and more are summed as their pieces arrive; piece
     boundaries fall inside elements of every width, and senders scale."""
     import jax
     import jax.numpy as jnp
@@ -199,14 +199,14 @@ def test_large_messages_are_summed_piece_by_piece():
     from reference import global_values
 
     jf, r, n, _ = _setup()
-    X = global_values(n, (100_003,), seed=11)
+    X = global_values(n, (300_007,), seed=11)
     W = np.random.default_rng(3).uniform(0.1, 1.0, (n, n))
     ints = (X * 1000).astype(np.int64)
     tree = {"a_i32": jnp.asarray(ints[r][:3], jnp.int32),  # offsets every later leaf by 12
             "b_f64": jnp.asarray(X[r]), "c_f16": jnp.asarray(X[r][:-2], jnp.float16),
             "d_c64": jnp.asarray(X[r] + 1j, jnp.complex64),
             "e_i64": jnp.asarray(ints[r]), "f_bf16": jnp.asarray(X[r][:77_777], jnp.bfloat16)}
-    assert sum(v.nbytes for v in jax.tree.leaves(tree)) > 2 << 20
+    assert sum(v.nbytes for v in jax.tree.leaves(tree)) > 4 << 20
     # Pull with a scaled send: rank j sends 2 * x_j to every out-neighbour.
     topo = T.from_weights(W)
     src = {j: float(W[r, j]) / 2 for j in topo.in_neighbors(r)}
@@ -230,7 +230,7 @@ def test_large_messages_are_summed_piece_by_piece():
     star = jf.jit(lambda x: jf.neighbor_allreduce(
         x, self_weight=1.0 if r == 0 else 0.5, src_weights={} if r == 0 else {0: 0.5},
         dst_weights=list(range(1, n)) if r == 0 else []))
-    Z = np.concatenate([X, X], axis=1)  # 1.6 MB
+    Z = np.concatenate([X, X], axis=1)  # 4.8 MB
     want = Z[0] if r == 0 else (Z[r] + Z[0]) / 2
     np.testing.assert_allclose(star(jnp.asarray(Z[r])), want, rtol=1e-12, atol=1e-14)
 

@@ -33,8 +33,10 @@ def _many_independent_ops(jit_name: str):
 
     schedules = [T.Schedule([random_graph() for _ in range(int(p))])
                  for p in rng.integers(1, 6, 3)]
-    # 22 ops a step: twelve of more than 1 MB, small ones of random sizes.
-    sizes = [300_000 + int(s) for s in rng.integers(0, 50_000, 12)]
+    # 22 ops a step: twelve of more than 1 MB (two over 4 MB, which travel in
+    # pieces summed as they arrive), small ones of random sizes.
+    sizes = [300_000 + int(s) for s in rng.integers(0, 50_000, 10)]
+    sizes += [1_100_000 + int(s) for s in rng.integers(0, 50_000, 2)]
     sizes += [int(s) for s in rng.integers(1, 3000, 9)]
     which = [int(k) for k in rng.integers(0, len(schedules), len(sizes))]
     bias = np.linspace(0.0, 0.1, n)[r]

@@ -197,8 +197,8 @@ ffi::Future Fence(ffi::Token, ffi::Result<ffi::Token>, ffi::Result<ffi::BufferR0
 }
 
 // Messages of at least this size are summed piece by piece as they arrive.
-constexpr size_t kStreamMinBytes = size_t{1} << 20;
-constexpr size_t kStreamChunkBytes = size_t{256} << 10;
+constexpr size_t kStreamMinBytes = size_t{4} << 20;
+constexpr size_t kStreamChunkBytes = size_t{1} << 20;
 
 // The weighted sum of neighbor averaging over a growing prefix of the
 // message: a message is its leaves' bytes back to back; leaf l lies in the
