@@ -3,9 +3,9 @@
 #include <malloc.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
 #include <memory>
 #include <string>
 

@@ -153,16 +153,24 @@ size_t TotalBytes(const std::vector<Leaf>& leaves) {
   return total;
 }
 
-// Fills the args of an op's timeline span. Each Job's work opens that span
-// where the op runs (XLA's thread or the communication thread) and calls this
-// only while the timeline records, so that off the span costs one flag check.
-void Annotate(timeline::Span& span, int64_t comm_id, const Transport* transport,
-              int64_t signature, size_t bytes) {
-  timeline::OpArgs& args = span.args();
-  args.comm = comm_id;
-  args.bytes = static_cast<int64_t>(bytes);
-  args.seq = static_cast<int64_t>(transport->sequence() + 1);  // the op about to run
-  args.signature = signature;
+// A Job whose work runs inside the op's timeline span. `work(trace)` gets the
+// span's args to add its own (peers, root) while the timeline records, and
+// null otherwise, so that off the span costs one flag check.
+template <typename Work>
+Job TracedJob(OpCode op, int64_t comm_id, Transport* transport, int64_t signature,
+              size_t bytes, Work work) {
+  return Job{bytes, [op, comm_id, transport, signature, bytes, work = std::move(work)] {
+    timeline::Span span(OpName(op), timeline::Span::kOp);
+    timeline::OpArgs* trace = nullptr;
+    if (span) {
+      trace = &span.args();
+      trace->comm = comm_id;
+      trace->bytes = static_cast<int64_t>(bytes);
+      trace->seq = static_cast<int64_t>(transport->sequence() + 1);  // the op about to run
+      trace->signature = signature;
+    }
+    return work(trace);
+  }};
 }
 
 // Rank of this process in communicator `comm_id`, as an int32 scalar.
@@ -313,15 +321,11 @@ ffi::ErrorOr<Job> NeighborAllreduceJob(int64_t comm_id, int64_t signature, F64s 
                                              recv_ranks, recv_weights, transport->size()));
   JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "neighbor_allreduce"));
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
-  const size_t bytes = TotalBytes(in);
-  return Job{bytes, [=] {
-    timeline::Span span(OpName(OpCode::kNeighborAllreduce), timeline::Span::kOp);
-    if (span) {
-      Annotate(span, comm_id, transport, signature, bytes);
-      span.args().Peers(entry.send_ranks, entry.recv_ranks);
-    }
-    return NeighborAllreduce(transport, signature, entry, in, out);
-  }};
+  return TracedJob(OpCode::kNeighborAllreduce, comm_id, transport, signature, TotalBytes(in),
+                   [=](timeline::OpArgs* trace) {
+                     if (trace) trace->Peers(entry.send_ranks, entry.recv_ranks);
+                     return NeighborAllreduce(transport, signature, entry, in, out);
+                   });
 }
 
 // out = concat over recv_ranks (in that order) of x_j along axis 0; the
@@ -356,15 +360,11 @@ ffi::ErrorOr<Job> NeighborAllgatherJob(int64_t comm_id, int64_t signature, I64s 
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
   std::vector<int64_t> sends(send_ranks.begin(), send_ranks.end());
   std::vector<int64_t> recvs(recv_ranks.begin(), recv_ranks.end());
-  const size_t bytes = TotalBytes(in);
-  return Job{bytes, [=] {
-    timeline::Span span(OpName(OpCode::kNeighborAllgather), timeline::Span::kOp);
-    if (span) {
-      Annotate(span, comm_id, transport, signature, bytes);
-      span.args().Peers(sends, recvs);
-    }
-    return NeighborAllgather(transport, signature, sends, recvs, in, out);
-  }};
+  return TracedJob(OpCode::kNeighborAllgather, comm_id, transport, signature, TotalBytes(in),
+                   [=](timeline::OpArgs* trace) {
+                     if (trace) trace->Peers(sends, recvs);
+                     return NeighborAllgather(transport, signature, sends, recvs, in, out);
+                   });
 }
 
 // The adjoint of neighbor_allgather: block i of every input leaf goes back to
@@ -416,15 +416,11 @@ ffi::ErrorOr<Job> NeighborReduceScatterJob(int64_t comm_id, int64_t signature,
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
   std::vector<int64_t> sends(send_ranks.begin(), send_ranks.end());
   std::vector<int64_t> recvs(recv_ranks.begin(), recv_ranks.end());
-  const size_t bytes = TotalBytes(out);
-  return Job{bytes, [=] {
-    timeline::Span span(OpName(OpCode::kNeighborReduceScatter), timeline::Span::kOp);
-    if (span) {
-      Annotate(span, comm_id, transport, signature, bytes);
-      span.args().Peers(sends, recvs);
-    }
-    return NeighborReduceScatter(transport, signature, sends, recvs, in, out);
-  }};
+  return TracedJob(OpCode::kNeighborReduceScatter, comm_id, transport, signature,
+                   TotalBytes(out), [=](timeline::OpArgs* trace) {
+                     if (trace) trace->Peers(sends, recvs);
+                     return NeighborReduceScatter(transport, signature, sends, recvs, in, out);
+                   });
 }
 
 // Packs leaves into `base` at `offsets` (when a pytree must be one message).
@@ -503,12 +499,10 @@ ffi::ErrorOr<Job> AllreduceJob(int64_t comm_id, int64_t signature, bool mean, ff
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
   JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "allreduce"));
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
-  const size_t bytes = TotalBytes(in);
-  return Job{bytes, [=] {
-    timeline::Span span(OpName(OpCode::kAllreduce), timeline::Span::kOp);
-    if (span) Annotate(span, comm_id, transport, signature, bytes);
-    return Allreduce(transport, signature, mean, in, out);
-  }};
+  return TracedJob(OpCode::kAllreduce, comm_id, transport, signature, TotalBytes(in),
+                   [=](timeline::OpArgs*) {
+                     return Allreduce(transport, signature, mean, in, out);
+                   });
 }
 
 // Every rank gets root's value (one message for the whole pytree).
@@ -540,15 +534,11 @@ ffi::ErrorOr<Job> BroadcastJob(int64_t comm_id, int64_t signature, int64_t root,
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
   JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "broadcast"));
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
-  const size_t bytes = TotalBytes(in);
-  return Job{bytes, [=] {
-    timeline::Span span(OpName(OpCode::kBroadcast), timeline::Span::kOp);
-    if (span) {
-      Annotate(span, comm_id, transport, signature, bytes);
-      span.args().root = root;
-    }
-    return Broadcast(transport, signature, root, in, out);
-  }};
+  return TracedJob(OpCode::kBroadcast, comm_id, transport, signature, TotalBytes(in),
+                   [=](timeline::OpArgs* trace) {
+                     if (trace) trace->root = root;
+                     return Broadcast(transport, signature, root, in, out);
+                   });
 }
 
 // out = concat over ranks 0..n-1 of x along axis 0 (one message per leaf set).
@@ -583,12 +573,8 @@ ffi::ErrorOr<Job> AllgatherJob(int64_t comm_id, int64_t signature, ffi::Token,
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
   JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "allgather"));
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
-  const size_t bytes = TotalBytes(in);
-  return Job{bytes, [=] {
-    timeline::Span span(OpName(OpCode::kAllgather), timeline::Span::kOp);
-    if (span) Annotate(span, comm_id, transport, signature, bytes);
-    return Allgather(transport, signature, in, out);
-  }};
+  return TracedJob(OpCode::kAllgather, comm_id, transport, signature, TotalBytes(in),
+                   [=](timeline::OpArgs*) { return Allgather(transport, signature, in, out); });
 }
 
 // Wraps a Job factory as an asynchronous handler with the same arguments.
