@@ -3,7 +3,8 @@
 While ``jaxfog.simulate`` traces the per-agent function, a :class:`Simulation`
 is current: the runtime's queries (``rank()``, ``size()``, topologies) and
 every op answer for the simulated agents instead of the MPI process. Pure
-data, no JAX import, so the runtime stays light.
+data; JAX is imported only when a traced agent index is asked for, so the
+runtime stays light.
 """
 
 from __future__ import annotations
@@ -11,20 +12,39 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from typing import Iterator
+from typing import Any, Iterator
 
 from jaxfog import topology as T
 
 
 @dataclasses.dataclass(frozen=True)
 class Simulation:
-    """n agents along the named vmap axis ``axis_name``."""
+    """n agents along the named vmap axis ``axis_name``.
+
+    Answers the runtime's queries with the same names as the MPI runtime's
+    state; the ranks are traced (the agent index along the axis).
+    """
 
     axis_name: str
     size: int
-    topology: T.Topology
+    topology: T.Topology | T.Schedule
     local_size: int
     machine_topology: T.Topology
+    homogeneous = True
+
+    @property
+    def rank(self) -> Any:
+        from jax import lax  # only ever asked for while JAX traces
+
+        return lax.axis_index(self.axis_name)
+
+    @property
+    def local_rank(self) -> Any:
+        return self.rank % self.local_size
+
+    @property
+    def machine_rank(self) -> Any:
+        return self.rank // self.local_size
 
     @property
     def machine_size(self) -> int:

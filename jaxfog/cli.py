@@ -7,6 +7,9 @@ import shlex
 import sys
 from typing import Sequence
 
+import jaxfog
+from jaxfog import demo, ffi, launcher, timeline
+
 
 # Options of `jaxfog run` that take a value; everything else starting with "-"
 # before the command is handed to mpiexec.
@@ -52,8 +55,6 @@ def split_run_argv(argv: Sequence[str]) -> tuple[list[str], list[str], list[str]
 
 
 def _run(argv: Sequence[str]) -> int:
-    from jaxfog import launcher
-
     ours, passthrough, command = split_run_argv(argv)
     args = _run_parser().parse_args(ours)
     try:
@@ -85,8 +86,6 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def _exec(args: argparse.Namespace) -> int:
-    from jaxfog import launcher
-
     launcher.exec_rank(args.command)
     return 0  # not reached: exec replaced the process
 
@@ -95,9 +94,6 @@ def info_lines() -> list[str]:
     """What ``jaxfog info`` prints, one line per fact."""
     import jax
     import jaxlib
-
-    import jaxfog
-    from jaxfog import ffi
 
     lines = [f"jaxfog {jaxfog.__version__}", f"jax {jax.__version__}",
              f"jaxlib {jaxlib.__version__}"]
@@ -134,8 +130,6 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _timeline_merge(args: argparse.Namespace) -> int:
-    from jaxfog import timeline
-
     try:
         trace = timeline.merge_files(args.out, args.inputs)
     except timeline.TimelineError as err:
@@ -148,8 +142,6 @@ def _timeline_merge(args: argparse.Namespace) -> int:
 
 
 def _demo(argv: Sequence[str]) -> int:
-    from jaxfog import demo
-
     return demo.main(list(argv)) or 0
 
 

@@ -41,6 +41,7 @@ from jax import lax
 
 from jaxfog import runtime
 from jaxfog import topology as T
+from jaxfog.ops import allreduce, hierarchical_neighbor_allreduce, neighbor_allreduce
 
 Tree = Any
 
@@ -51,17 +52,10 @@ def _need_params(name: str, params: Any) -> None:
                          "(call update(grads, state, params))")
 
 
-def _current_topology() -> T.Topology:
-    return runtime.load_topology()
-
-
 def _mix(tree: Tree, topology: Any, count: jax.Array) -> Tree:
-    """One neighbor averaging step with W (static, runtime or scheduled)."""
-    from jaxfog.ops import neighbor_allreduce
-
-    if isinstance(topology, T.Schedule):
-        return neighbor_allreduce(tree, topology=topology, step=count)
-    return neighbor_allreduce(tree, topology=topology)
+    """One neighbor averaging step with W (static, runtime or scheduled: the
+    step picks a Schedule's entry and is ignored by a static graph)."""
+    return neighbor_allreduce(tree, topology=topology, step=count)
 
 
 def _sub(a: Tree, b: Tree) -> Tree:
@@ -70,8 +64,6 @@ def _sub(a: Tree, b: Tree) -> Tree:
 
 def _communicate(tree: Tree, topology: Any, count: jax.Array, communication: str,
                  global_every: int | None) -> Tree:
-    from jaxfog.ops import allreduce, hierarchical_neighbor_allreduce
-
     mixers = {"neighbor": lambda t: _mix(t, topology, count),
               "allreduce": allreduce,
               "hierarchical": hierarchical_neighbor_allreduce,
@@ -161,8 +153,6 @@ def gradient_allreduce(inner: optax.GradientTransformation
     The baseline the decentralized methods are compared with.
     """
     def update(grads, state, params=None, **extra):
-        from jaxfog.ops import allreduce
-
         return inner.update(allreduce(grads), state, params, **extra)
 
     return optax.GradientTransformationExtraArgs(inner.init, update)
@@ -254,7 +244,7 @@ def column_stochastic(topology: T.Topology) -> T.Topology:
 
 def _push_topology(topology: Any) -> Any:
     if topology is None:
-        topology = _current_topology()
+        topology = runtime.load_topology()
     if isinstance(topology, T.Schedule):
         return T.Schedule([column_stochastic(t) for t in topology],
                           name=f"push({topology.name})")

@@ -13,6 +13,10 @@ order of their lowest world rank, so on homogeneous clusters with block rank
 placement ``machine_rank == rank // local_size``. Tests fake a grouping with
 ``JAXFOG_NODES_PER_MACHINE=k`` (BlueFog's ``BLUEFOG_NODES_PER_MACHINE`` is
 honoured too): ranks ``[m*k, (m+1)*k)`` then form machine ``m``.
+
+``mpi4py.MPI`` initialises MPI when imported, so it is imported inside the
+functions that run once ``init()`` has set the thread level (and the FFI
+library has chosen the ``libmpi``), never when ``jaxfog`` is imported.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxfog import _context
+from jaxfog import _context, ffi
 from jaxfog import topology as T
 
 #: Environment variables that fake the machine grouping (first one set wins).
@@ -82,8 +86,10 @@ _state: _State | None = None
 # Called by shutdown() before anything is released (registered by the ops
 # layer: wait for dispatched computations that still communicate).
 _before_shutdown: list[Callable[[], None]] = []
-# Bumped whenever a topology changes (see jaxfog.ops._primitive).
+# Bumped whenever a topology changes; the ops layer registers a listener
+# that keys JAX's jit caches on it (see jaxfog.ops._primitive).
 _topology_generation = 0
+_topology_listeners: list[Callable[[int], None]] = []
 
 
 def topology_generation() -> int:
@@ -94,11 +100,8 @@ def topology_generation() -> int:
 def _topology_changed() -> None:
     global _topology_generation
     _topology_generation += 1
-    import sys
-
-    ops = sys.modules.get("jaxfog.ops._primitive")
-    if ops is not None:  # keep JAX's jit caches keyed on the new generation
-        ops.sync_topology_generation()
+    for listener in _topology_listeners:
+        listener(_topology_generation)
 
 
 def _require() -> _State:
@@ -192,8 +195,6 @@ def _machine_layout(comm) -> tuple[int, int, int, int, bool]:
 
 
 def _register(lib, comm_id: int, comm, timeout: float, max_message: int) -> None:
-    from jaxfog import ffi
-
     error = ffi.ctypes.create_string_buffer(1024)
     if lib.jaxfog_register_mpi_comm(comm_id, comm.py2f(), timeout, max_message, error, 1024):
         raise ffi.FfiLibraryError(f"jaxfog.init: {error.value.decode()}")
@@ -215,8 +216,6 @@ def init(topology: T.Topology | Any | None = None) -> None:
     import mpi4py
 
     mpi4py.rc.thread_level = "multiple"
-    from jaxfog import ffi
-
     lib = ffi.library()  # before mpi4py.MPI: it decides which libmpi mpi4py uses
     from mpi4py import MPI
 
@@ -280,8 +279,6 @@ def shutdown() -> None:
         warnings.warn(f"jaxfog.shutdown: pending communication failed: {error}",
                       RuntimeWarning)
     state, _state = _state, None
-    from jaxfog import ffi
-
     _release(ffi.library(), state.comms)
 
 
@@ -300,60 +297,51 @@ def is_initialized() -> bool:
     return _state is not None
 
 
-def _agent_index(sim):
-    from jax import lax
+def _world() -> _State | _context.Simulation:
+    """Who answers the queries below: the simulation being traced, if any, else
+    this MPI process. The one place the two are told apart."""
+    return _context.current() or _require()
 
-    return lax.axis_index(sim.axis_name)
 
+def rank() -> int | Any:
+    """This process's rank in the world communicator.
 
-def rank() -> int:
-    """This process's rank in the world communicator (in ``simulate``: the
-    traced index of the agent)."""
-    sim = _context.current()
-    if sim is not None:
-        return _agent_index(sim)
-    return _require().rank
+    Returns:
+      An ``int``; inside ``jaxfog.simulate``, the traced index of the agent
+      (an int32 tracer), since one trace serves every agent.
+    """
+    return _world().rank
 
 
 def size() -> int:
     """Number of processes (agents)."""
-    sim = _context.current()
-    return sim.size if sim is not None else _require().size
+    return _world().size
 
 
-def local_rank() -> int:
-    """Rank among the processes on this machine."""
-    sim = _context.current()
-    if sim is not None:
-        return _agent_index(sim) % sim.local_size
-    return _require().local_rank
+def local_rank() -> int | Any:
+    """Rank among the processes on this machine (traced inside ``simulate``)."""
+    return _world().local_rank
 
 
 def local_size() -> int:
     """Number of processes on this machine."""
-    sim = _context.current()
-    return sim.local_size if sim is not None else _require().local_size
+    return _world().local_size
 
 
-def machine_rank() -> int:
-    """Index of this machine (``rank // local_size`` on homogeneous clusters)."""
-    sim = _context.current()
-    if sim is not None:
-        return _agent_index(sim) // sim.local_size
-    return _require().machine_rank
+def machine_rank() -> int | Any:
+    """Index of this machine (``rank // local_size`` on homogeneous clusters;
+    traced inside ``simulate``)."""
+    return _world().machine_rank
 
 
 def machine_size() -> int:
     """Number of machines."""
-    sim = _context.current()
-    return sim.machine_size if sim is not None else _require().machine_size
+    return _world().machine_size
 
 
 def is_homogeneous() -> bool:
     """True if every machine runs the same number of processes."""
-    if _context.current() is not None:
-        return True
-    return _require().homogeneous
+    return _world().homogeneous
 
 
 def timeout() -> float:
@@ -364,8 +352,6 @@ def timeout() -> float:
 def async_min_bytes() -> int | None:
     """Messages of at least this size run on the communication thread; None: none do."""
     _require()
-    from jaxfog import ffi
-
     value = ffi.library().jaxfog_async_min_bytes()  # kept by the C++ library only
     return None if value < 0 else value
 
@@ -383,8 +369,6 @@ def set_async_min_bytes(min_bytes: int | None) -> None:
     if min_bytes is not None and (not isinstance(min_bytes, (int, np.integer))
                                   or isinstance(min_bytes, bool) or min_bytes < 0):
         raise ValueError(f"min_bytes must be a non-negative integer or None, got {min_bytes!r}")
-    from jaxfog import ffi
-
     ffi.library().jaxfog_set_async_min_bytes(-1 if min_bytes is None else int(min_bytes))
 
 
@@ -436,10 +420,10 @@ def set_topology(topology: T.Topology | Any | None = None) -> bool:
     return True
 
 
-def load_topology() -> T.Topology:
-    """The current global topology."""
-    sim = _context.current()
-    return sim.topology if sim is not None else _require().topology
+def load_topology() -> T.Topology | T.Schedule:
+    """The current global topology (inside ``jaxfog.simulate``, the simulation's,
+    which may be a ``Schedule``)."""
+    return _world().topology
 
 
 def _not_in_simulation(what: str, instead: str) -> None:
@@ -477,8 +461,7 @@ def set_machine_topology(topology: T.Topology | Any | None = None) -> bool:
 
 def load_machine_topology() -> T.Topology:
     """The current machine-level topology."""
-    sim = _context.current()
-    return sim.machine_topology if sim is not None else _require().machine_topology
+    return _world().machine_topology
 
 
 def communicator():

@@ -97,9 +97,54 @@ def test_hierarchical_with_declared_machines():
 def test_errors():
     with pytest.raises(ValueError, match="local_size=4 must be a positive divisor"):
         jf.simulate(jf.allreduce, 6, local_size=4)
-    with pytest.raises(TypeError, match="needs a Topology or a number of agents"):
+    with pytest.raises(TypeError, match="needs a Topology, a Schedule or a number of agents"):
         jf.simulate(jf.allreduce, "eight")
     with pytest.raises(RuntimeError, match="cannot be used inside jaxfog.simulate"):
         jf.simulate(lambda x: x + len(jf.in_neighbor_ranks()), 3)(np.zeros(3))
-    with pytest.raises(ValueError, match="has 4 nodes but there are 3 agents"):
+    with pytest.raises(ValueError, match="has 4 nodes but there are 3 ranks"):
         jf.simulate(lambda x: jf.neighbor_allreduce(x, topology=T.ring(4)), 3)(np.zeros(3))
+
+
+def test_simulate_takes_a_schedule():
+    n = 8
+    schedule = T.one_peer_exponential(n)
+    X = np.random.default_rng(6).standard_normal((n, 3))
+
+    def agent(x):  # no topology=: the simulation's schedule, at the step given
+        return jax.lax.scan(lambda c, t: (jf.neighbor_allreduce(c, step=t), None), x,
+                            jnp.arange(5))[0]
+
+    expected = X
+    for t in range(5):
+        expected = schedule.at(t).weights @ expected
+    np.testing.assert_allclose(jax.jit(jf.simulate(agent, schedule))(X), expected, rtol=1e-12)
+    # optax's transformations follow it too (the step is their counter).
+    assert jf.simulate(lambda x: jf.size() + 0 * x, schedule)(X)[0, 0] == n
+    with pytest.raises(ValueError, match="a Schedule needs step=.*the simulation's topology"):
+        jf.simulate(jf.neighbor_allreduce, schedule)(X)
+    with pytest.raises(ValueError, match="needs src_ranks when the simulation's topology is "
+                                         "a Schedule"):
+        jf.simulate(jf.neighbor_allgather, schedule)(X)
+
+
+@pytest.mark.parametrize("x64", [True, False], ids=["x64", "x32"])
+def test_integers_average_in_float64_with_x64_on_and_off(x64):
+    """The C++ handlers average integers in float64 whatever jax_enable_x64
+    says; so does the simulation (int32 values beyond float32's 24 bits)."""
+    n = 5
+    big = np.array([2**30 + 1, 2**30 + 7, -(2**29) + 3, 12345677, 2**31 - 9])
+    ring = T.ring(n)
+    with jax.enable_x64(x64):
+        x = jnp.asarray(big, jnp.int32)
+        mixed = jax.jit(jf.simulate(lambda v: jf.neighbor_allreduce(v, topology=ring), n))(x)
+        mean = jf.simulate(jf.allreduce, n)(x)
+        total = jf.simulate(lambda v: jf.allreduce(v, op="sum"), n)(x // 8)
+        hier = jf.simulate(jf.hierarchical_neighbor_allreduce, n - 1, local_size=2)(x[:4])
+    assert mixed.dtype == mean.dtype == jnp.int32
+    np.testing.assert_array_equal(mixed, np.rint(ring.weights @ big))
+    np.testing.assert_array_equal(mean, np.full(n, np.rint(big.mean())))
+    np.testing.assert_array_equal(total, np.full(n, (big // 8).sum()))
+    # Rounded after the machine mean and after the mixing, as the C++ path does.
+    machine_means = np.rint(big[:4].reshape(2, 2).mean(1))
+    np.testing.assert_array_equal(
+        hier, np.repeat(np.rint(T.exponential(2).weights @ machine_means), 2))

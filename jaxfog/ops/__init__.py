@@ -1,5 +1,10 @@
-"""Communication ops: each a JAX primitive lowered to a custom call into
-jaxfog's C++ FFI library, with jvp, transpose and batching rules beside it."""
+"""Communication ops.
+
+Each public op resolves its arguments once (:mod:`jaxfog.ops._args`) and runs
+on the backend :func:`jaxfog.ops.backends.current` picks: the FFI primitives
+(:mod:`jaxfog.ops.primitives`, custom calls into the C++ library over MPI) or
+the simulation's ``lax`` collectives. See ``docs/architecture.md``.
+"""
 
 from jaxfog.ops.collective import allgather, allreduce, broadcast
 from jaxfog.ops.hierarchical import hierarchical_neighbor_allreduce

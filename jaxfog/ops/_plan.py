@@ -79,6 +79,15 @@ def _weight(value: Any, what: str) -> float:
     return value
 
 
+def rank_tuple(ranks: Any, size: int, rank: int, what: str) -> tuple[int, ...]:
+    """Distinct ranks other than ``rank``, each in ``[0, size)``."""
+    ranks = list(ranks)
+    _ranks(ranks, size, rank, what)
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"{what} lists a rank twice: {ranks}")
+    return tuple(int(r) for r in ranks)
+
+
 def _ranks(ranks: Any, size: int, rank: int, what: str) -> None:
     for r in ranks:
         if isinstance(r, (bool, np.bool_)) or not isinstance(r, numbers.Integral):
@@ -112,9 +121,6 @@ def from_local_view(topo: T.Topology, rank: int, self_weight: Any, src_weights: 
     * push-pull (self + src + dst): any ranks, empty lists allowed.
     """
     size = topo.size
-    if self_weight is None:
-        raise ValueError("neighbor_allreduce: self_weight is required when src_weights or "
-                         "dst_weights is given")
     self_w = _weight(self_weight, "self_weight")
     src = None if src_weights is None else _weights_dict(src_weights, "src_weights", False)
     dst = None if dst_weights is None else _weights_dict(dst_weights, "dst_weights", True)

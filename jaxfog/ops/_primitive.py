@@ -21,15 +21,8 @@ import numpy as np
 from jax.extend import core as jex_core
 from jax.interpreters import ad, mlir
 
-from jaxfog import ffi, runtime
+from jaxfog import runtime
 from jaxfog.ops import _jax_compat
-
-#: dtypes every op accepts (integers are averaged in float64 and rounded to
-#: nearest, ties to even).
-SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
-    jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64, jnp.complex64, jnp.complex128,
-    jnp.int32, jnp.int64))
-
 
 class CommEffect(jex_core.Effect):
     """Communication through one of jaxfog's communicators (ordered)."""
@@ -50,13 +43,13 @@ topology_generation = _jax_compat.trace_context_int(
     _GENERATION, "jaxfog: how many times the topology was set")
 
 
-def sync_topology_generation() -> None:
+def _sync_topology_generation(generation: int) -> None:
     """Makes JAX's trace context follow the runtime's topology generation."""
-    _jax_compat.set_trace_context_int(topology_generation, _GENERATION,
-                                      runtime.topology_generation())
+    _jax_compat.set_trace_context_int(topology_generation, _GENERATION, generation)
 
 
-sync_topology_generation()
+_sync_topology_generation(runtime.topology_generation())
+runtime._topology_listeners.append(_sync_topology_generation)
 
 
 def _attribute(value: Any):
@@ -94,13 +87,26 @@ def lower_comm_call(ctx: mlir.LoweringRuleContext, target: str, operands: Sequen
     return results
 
 
-def define(name: str, target: str, out_avals: Callable[..., list],
+#: Every FFI target a primitive lowers to, by op name (``tests/test_op_table.py``
+#: checks them against the op table the C++ library exports).
+TARGETS: dict[str, str] = {}
+
+
+def target(op: str) -> str:
+    """The custom-call target of ``op``: the handler symbol ``jaxfog_<op>`` that
+    the C++ op table (``jaxfog/ffi/ops.h``) defines."""
+    TARGETS[op] = f"jaxfog_{op}"
+    return TARGETS[op]
+
+
+def define(op: str, out_avals: Callable[..., list],
            attributes: Callable[..., dict]) -> jex_core.Primitive:
-    """A multiple-result communicating primitive lowered to custom call ``target``.
+    """A multiple-result communicating primitive lowered to ``op``'s custom call.
 
     ``out_avals(*avals, **params)`` gives the result avals;
     ``attributes(avals_in, **params)`` the custom call's attributes.
     """
+    name = target(op)
     prim = jex_core.Primitive(name)
     prim.multiple_results = True
     prim.def_effectful_abstract_eval(
@@ -108,31 +114,16 @@ def define(name: str, target: str, out_avals: Callable[..., list],
     prim.def_impl(lambda *args, **params: _jax_compat.apply_primitive(prim, *args, **params))
 
     def lowering(ctx, *operands, **params):
-        return lower_comm_call(ctx, target, operands, attributes(ctx.avals_in, **params))
+        return lower_comm_call(ctx, name, operands, attributes(ctx.avals_in, **params))
 
     mlir.register_lowering(prim, lowering, platform="cpu")
     return prim
-
-
-def check_leaves(op: str, leaves: Sequence[Any]) -> None:
-    """TypeError at trace time for dtypes no op supports."""
-    for leaf in leaves:
-        dtype = np.dtype(jnp.result_type(leaf))
-        if dtype not in SUPPORTED_DTYPES:
-            names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
-            raise TypeError(f"jaxfog.{op}: dtype {dtype} is not supported (supported: {names})")
 
 
 def signature(op: str, avals: Sequence[Any]) -> int:
     """A rank-independent hash of one message's layout (op, dtypes, shapes)."""
     text = op + ";" + ";".join(f"{np.dtype(a.dtype).name}{tuple(a.shape)}" for a in avals)
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
-
-
-def ready() -> None:
-    """Raises if jaxfog is not initialised; registers the handlers once."""
-    runtime._require()
-    ffi.register_handlers()
 
 
 def _differentiable(aval) -> bool:

@@ -1,0 +1,186 @@
+"""Each op's arguments, resolved and validated once for every backend.
+
+A public op calls one function here. It checks what does not depend on the
+backend (types, sizes, options that exclude each other), with one message per
+mistake, and returns a NamedTuple that the backends read
+(``jaxfog.ops.backends``). The only checks left to a backend are of the forms
+that exist on it alone: per-rank dicts under MPI, rank-indexed arrays in the
+simulation, where one trace serves every agent.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxfog import runtime
+from jaxfog import topology as T
+
+#: dtypes every op accepts (integers are averaged in float64 and rounded to
+#: nearest, ties to even).
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
+    jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64, jnp.complex64, jnp.complex128,
+    jnp.int32, jnp.int64))
+
+
+def leaves(op: str, x: Any) -> tuple[list[jax.Array], Any]:
+    """``x``'s leaves as arrays and its treedef; TypeError for a dtype no op supports."""
+    flat, treedef = jax.tree.flatten(x)
+    flat = [jnp.asarray(leaf) for leaf in flat]
+    for leaf in flat:
+        if leaf.dtype not in SUPPORTED_DTYPES:
+            names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+            raise TypeError(f"jaxfog.{op}: dtype {leaf.dtype} is not supported "
+                            f"(supported: {names})")
+    return flat, treedef
+
+
+def _what(op: str, name: str | None) -> str:
+    """How errors name the call: the op, and the user's name for it if any."""
+    return f"{op} ({name})" if name else op
+
+
+class LocalView(NamedTuple):
+    """BlueFog's local view of neighbor averaging, as the user gave it."""
+
+    self_weight: Any
+    src_weights: Any
+    dst_weights: Any
+
+
+def _local_view(self_weight: Any, src_weights: Any, dst_weights: Any, what: str,
+                names: tuple[str, str] = ("src_weights", "dst_weights")) -> LocalView | None:
+    if self_weight is None and src_weights is None and dst_weights is None:
+        return None
+    if self_weight is None:
+        raise ValueError(f"{what}: self_weight is required when {names[0]} or {names[1]} "
+                         "is given")
+    if src_weights is None and dst_weights is None:
+        raise ValueError(f"{what}: self_weight needs {names[0]} and/or {names[1]} (leave "
+                         "all three out to use the topology's weights)")
+    return LocalView(self_weight, src_weights, dst_weights)
+
+
+def _step(step: Any, what: str) -> Any:
+    """None, a Python int, or an integer scalar array (traced or not)."""
+    if step is None or (isinstance(step, numbers.Integral) and not isinstance(step, bool)):
+        return None if step is None else int(step)
+    array = jnp.asarray(step)
+    if array.shape != () or not jnp.issubdtype(array.dtype, jnp.integer):
+        raise TypeError(f"{what}: step must be an integer scalar, got "
+                        f"{array.dtype}{list(array.shape)}")
+    return array
+
+
+def _check_size(graph: T.Topology | T.Schedule, what: str) -> None:
+    if graph.size != runtime.size():
+        raise ValueError(f"{what}: the topology has {graph.size} nodes but there are "
+                         f"{runtime.size()} ranks")
+
+
+class NeighborAllreduce(NamedTuple):
+    """Resolved arguments of ``neighbor_allreduce``."""
+
+    graph: T.Topology | T.Schedule
+    step: Any  # None, int or an integer scalar array
+    local_view: LocalView | None
+    check_topology: bool
+    what: str
+
+
+def neighbor_allreduce(*, self_weight: Any, src_weights: Any, dst_weights: Any,
+                       topology: Any, step: Any, check_topology: bool,
+                       name: str | None) -> NeighborAllreduce:
+    what = _what("neighbor_allreduce", name)
+    if topology is None:
+        graph = runtime.load_topology()
+    elif isinstance(topology, (T.Topology, T.Schedule)):
+        graph = topology
+    else:
+        raise TypeError(f"{what}: topology must be a Topology or a Schedule, got "
+                        f"{type(topology).__name__}")
+    if isinstance(graph, T.Schedule):
+        if not (self_weight is None and src_weights is None and dst_weights is None):
+            raise ValueError(f"{what}: with a Schedule the weights come from it; do not "
+                             "also give self_weight/src_weights/dst_weights")
+        if step is None:
+            whose = " (the simulation's topology is one)" if topology is None else ""
+            raise ValueError(f"{what}: a Schedule needs step= (a Python or traced "
+                             f"integer){whose}")
+    local_view = _local_view(self_weight, src_weights, dst_weights, what)
+    _check_size(graph, what)
+    return NeighborAllreduce(graph, _step(step, what), local_view, bool(check_topology), what)
+
+
+class HierarchicalNeighborAllreduce(NamedTuple):
+    """Resolved arguments of ``hierarchical_neighbor_allreduce`` (machine ranks)."""
+
+    local_view: LocalView | None
+    what: str
+
+
+def hierarchical_neighbor_allreduce(*, self_weight: Any, src_machine_weights: Any,
+                                    dst_machine_weights: Any,
+                                    name: str | None) -> HierarchicalNeighborAllreduce:
+    what = _what("hierarchical_neighbor_allreduce", name)
+    return HierarchicalNeighborAllreduce(
+        _local_view(self_weight, src_machine_weights, dst_machine_weights, what,
+                    ("src_machine_weights", "dst_machine_weights")), what)
+
+
+class NeighborAllgather(NamedTuple):
+    """Resolved arguments of ``neighbor_allgather``; ``None``: the topology's."""
+
+    src_ranks: Any
+    dst_ranks: Any
+    what: str
+
+
+def neighbor_allgather(*, src_ranks: Any, dst_ranks: Any,
+                       name: str | None) -> NeighborAllgather:
+    what = _what("neighbor_allgather", name)
+    for label, ranks in (("src_ranks", src_ranks), ("dst_ranks", dst_ranks)):
+        if ranks is not None and (isinstance(ranks, (str, bytes))
+                                  or not hasattr(ranks, "__iter__")):
+            raise TypeError(f"{what}: {label} must be a list of ranks, got "
+                            f"{type(ranks).__name__}")
+    return NeighborAllgather(src_ranks, dst_ranks, what)
+
+
+class Allreduce(NamedTuple):
+    mean: bool
+    what: str
+
+
+def allreduce(*, op: str, name: str | None) -> Allreduce:
+    what = _what("allreduce", name)
+    if op not in ("mean", "sum"):
+        raise ValueError(f"{what}: op must be 'mean' or 'sum', got {op!r}")
+    return Allreduce(op == "mean", what)
+
+
+class Broadcast(NamedTuple):
+    root: int
+    what: str
+
+
+def broadcast(*, root: Any, name: str | None) -> Broadcast:
+    what = _what("broadcast", name)
+    size = runtime.size()
+    if isinstance(root, (bool, np.bool_)) or not isinstance(root, numbers.Integral) or not (
+            0 <= root < size):
+        raise ValueError(f"{what}: root must be a rank in [0, {size}), got {root!r}")
+    return Broadcast(int(root), what)
+
+
+class Allgather(NamedTuple):
+    what: str
+
+
+def allgather(*, name: str | None) -> Allgather:
+    return Allgather(_what("allgather", name))
+

@@ -1,0 +1,54 @@
+"""Where an op runs: the one place a backend is chosen.
+
+While ``jaxfog.simulate`` traces the per-agent function, ops run on the
+simulated agents (:mod:`.simulated`, ``lax`` collectives over the agent
+axis); otherwise on this job's MPI processes (:mod:`.mpi`, the FFI
+primitives). A backend has one method per op, taking the op's flat leaves and
+its resolved arguments (:mod:`jaxfog.ops._args`) and returning the result
+leaves; :class:`Backend` lists them. A new backend (NCCL) implements them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+
+from jaxfog import _context
+from jaxfog.ops import _args
+from jaxfog.ops.backends import mpi, simulated
+
+Leaves = list[jax.Array]
+
+
+class Backend(Protocol):
+    """What every backend implements (one method per op)."""
+
+    def neighbor_allreduce(self, leaves: Leaves, args: _args.NeighborAllreduce) -> Leaves: ...
+
+    def hierarchical_neighbor_allreduce(
+            self, leaves: Leaves, args: _args.HierarchicalNeighborAllreduce) -> Leaves: ...
+
+    def neighbor_allgather(self, leaves: Leaves, args: _args.NeighborAllgather) -> Leaves: ...
+
+    def allreduce(self, leaves: Leaves, args: _args.Allreduce) -> Leaves: ...
+
+    def broadcast(self, leaves: Leaves, args: _args.Broadcast) -> Leaves: ...
+
+    def allgather(self, leaves: Leaves, args: _args.Allgather) -> Leaves: ...
+
+    def barrier(self) -> None: ...
+
+
+def current() -> Backend:
+    """The backend the calling code runs on."""
+    sim = _context.current()
+    if sim is not None:
+        return simulated.SimulatedBackend(sim)
+    return mpi.backend()
+
+
+def apply(op: str, x: Any, args: Any) -> Any:
+    """Runs ``op`` with resolved ``args`` on the pytree ``x`` (one message per peer)."""
+    leaves, treedef = _args.leaves(op, x)
+    return jax.tree.unflatten(treedef, getattr(current(), op)(leaves, args))

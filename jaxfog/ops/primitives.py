@@ -1,0 +1,234 @@
+"""The FFI backend's primitives: one per entry of the C++ op table.
+
+Each primitive lowers to the custom call ``jaxfog_<op>`` (see
+``jaxfog/ffi/ops.h``) and carries jaxfog's ordered communication effect. Its
+rules live beside it. Every op is linear in its data operands, so the rules
+are short:
+
+* jvp applies the op to the tangents;
+* the transpose is the adjoint: neighbor averaging with ``W^T`` (cotangents
+  travel back along the same edges with the same weights), a sum allreduce
+  itself, a broadcast a sum delivered to the root, an allgather (neighbor or
+  global) each rank's block of the summed cotangents;
+* vmap sends one message for the whole batch.
+
+Parameters are static and hashable: plans, ranks, shapes and the id of the
+communicator the op runs on (``runtime.WORLD_COMM_ID`` and friends).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import core
+from jax.extend import core as jex_core
+from jax.interpreters import ad, batching, mlir
+
+from jaxfog import runtime
+from jaxfog.ops import _plan
+from jaxfog.ops._primitive import (comm_effect, define, linear_jvp, linear_transpose,
+                                   lower_comm_call, signature, target)
+
+
+def _same_avals(*avals, **params) -> list:
+    return [core.ShapedArray(a.shape, a.dtype) for a in avals]
+
+
+def _elementwise_batch(prim):
+    def rule(args, dims, **params):
+        return prim.bind(*args, **params), list(dims)
+
+    return rule
+
+
+def _move_batch_to_axis1(x, dim):
+    """Puts the batch axis second, so that blocks along axis 0 stay contiguous."""
+    if dim is None:
+        return x, False
+    x = jnp.moveaxis(x, dim, 0)
+    if x.ndim == 1:
+        return x[None, :], True
+    return jnp.moveaxis(x, 0, 1), True
+
+
+# --- neighbor_allreduce: out_i = sum_j W[i, j] x_j for this rank's plan ------
+
+
+def _allreduce_attributes(avals_in, *, plan: _plan.Plan, comm_id: int) -> dict:
+    return {"comm_id": comm_id, "signature": signature("neighbor_allreduce", avals_in[1:]),
+            **plan.attributes()}
+
+
+# Operands: the step (an int32 scalar choosing the plan's entry), then the leaves.
+neighbor_allreduce_p = define(
+    "neighbor_allreduce",
+    lambda step, *avals, plan, comm_id: _same_avals(*avals), _allreduce_attributes)
+ad.primitive_jvps[neighbor_allreduce_p] = linear_jvp(neighbor_allreduce_p, 1)
+ad.primitive_transposes[neighbor_allreduce_p] = linear_transpose(
+    lambda static, cts, xs, *, plan, comm_id: neighbor_allreduce_p.bind(
+        *static, *cts, plan=plan.transpose(), comm_id=comm_id), n_static=1)
+
+
+def _neighbor_allreduce_batch(args, dims, *, plan, comm_id):
+    if dims[0] is not None:
+        raise ValueError("jaxfog.neighbor_allreduce: `step` cannot be batched by vmap; "
+                         "every agent of a process takes the same step")
+    return neighbor_allreduce_p.bind(*args, plan=plan, comm_id=comm_id), list(dims[1:])
+
+
+batching.primitive_batchers[neighbor_allreduce_p] = _neighbor_allreduce_batch
+
+
+# --- neighbor_allgather and its adjoint, neighbor_reduce_scatter ------------
+
+
+def _gather_attributes(op: str):
+    def attributes(avals_in, *, send_ranks, recv_ranks, out_shapes, comm_id):
+        blocks = out_shapes if op == "neighbor_reduce_scatter" else [a.shape for a in avals_in]
+        avals = [core.ShapedArray(s, a.dtype) for s, a in zip(blocks, avals_in)]
+        return {"comm_id": comm_id, "signature": signature("neighbor_allgather", avals),
+                "send_ranks": np.array(send_ranks, np.int64),
+                "recv_ranks": np.array(recv_ranks, np.int64)}
+
+    return attributes
+
+
+def _shaped_as(*avals, send_ranks, recv_ranks, out_shapes, comm_id) -> list:
+    return [core.ShapedArray(s, a.dtype) for s, a in zip(out_shapes, avals)]
+
+
+neighbor_allgather_p = define("neighbor_allgather", _shaped_as,
+                              _gather_attributes("neighbor_allgather"))
+# Block i of each input goes back to send_ranks[i]; the blocks received are summed.
+neighbor_reduce_scatter_p = define("neighbor_reduce_scatter", _shaped_as,
+                                   _gather_attributes("neighbor_reduce_scatter"))
+
+
+def _gather_transpose(adjoint):
+    """Swap the directions: what was sent comes back, what came in goes out."""
+    def back(static, cts, xs, *, send_ranks, recv_ranks, out_shapes, comm_id):
+        return adjoint.bind(*cts, send_ranks=recv_ranks, recv_ranks=send_ranks,
+                            out_shapes=tuple(x.aval.shape for x in xs), comm_id=comm_id)
+
+    return linear_transpose(back)
+
+
+def _gather_batch(prim):
+    def rule(args, dims, *, send_ranks, recv_ranks, out_shapes, comm_id):
+        moved, batched = zip(*(_move_batch_to_axis1(x, d) for x, d in zip(args, dims)))
+        shapes = []
+        for x, was_batched, shape in zip(moved, batched, out_shapes):
+            if was_batched:
+                shape = shape or (1,)
+                shapes.append((shape[0], x.shape[1], *shape[1:]))
+            else:
+                shapes.append(shape)
+        outs = prim.bind(*moved, send_ranks=send_ranks, recv_ranks=recv_ranks,
+                         out_shapes=tuple(shapes), comm_id=comm_id)
+        dims_out = [1 if b else None for b in batched]
+        for i, (b, shape) in enumerate(zip(batched, out_shapes)):
+            if b and shape == ():  # a scalar per example came back as (1, batch)
+                outs[i], dims_out[i] = outs[i][0], 0
+        return outs, dims_out
+
+    return rule
+
+
+for _prim, _adjoint in ((neighbor_allgather_p, neighbor_reduce_scatter_p),
+                        (neighbor_reduce_scatter_p, neighbor_allgather_p)):
+    ad.primitive_jvps[_prim] = linear_jvp(_prim, 0)
+    ad.primitive_transposes[_prim] = _gather_transpose(_adjoint)
+    batching.primitive_batchers[_prim] = _gather_batch(_prim)
+
+
+# --- global collectives ------------------------------------------------------
+
+allreduce_p = define(
+    "allreduce", _same_avals,
+    lambda avals, *, mean, comm_id: {"comm_id": comm_id, "mean": mean,
+                                     "signature": signature("allreduce", avals)})
+broadcast_p = define(
+    "broadcast", _same_avals,
+    lambda avals, *, root, comm_id: {"comm_id": comm_id, "root": root,
+                                     "signature": signature("broadcast", avals)})
+allgather_p = define(
+    "allgather",
+    lambda *avals, size, comm_id: [
+        core.ShapedArray((size * (a.shape or (1,))[0], *a.shape[1:]), a.dtype)
+        for a in avals],
+    lambda avals, *, size, comm_id: {"comm_id": comm_id,
+                                     "signature": signature("allgather", avals)})
+
+for _prim in (allreduce_p, broadcast_p, allgather_p):
+    ad.primitive_jvps[_prim] = linear_jvp(_prim, 0)
+
+
+ad.primitive_transposes[allreduce_p] = linear_transpose(
+    lambda static, cts, xs, **params: allreduce_p.bind(*cts, **params))
+
+
+def _rank_in(comm_id: int) -> int:
+    """This process's rank in the communicator registered under ``comm_id``."""
+    return {runtime.WORLD_COMM_ID: runtime.rank, runtime.LOCAL_COMM_ID: runtime.local_rank,
+            runtime.LEADERS_COMM_ID: runtime.machine_rank}[comm_id]()
+
+
+def _broadcast_adjoint(static, cts, xs, *, root, comm_id):
+    summed = allreduce_p.bind(*cts, mean=False, comm_id=comm_id)
+    is_root = _rank_in(comm_id) == root
+    return [s if is_root else jnp.zeros_like(s) for s in summed]
+
+
+def _allgather_adjoint(static, cts, xs, *, size, comm_id):
+    summed = allreduce_p.bind(*cts, mean=False, comm_id=comm_id)
+    rank = _rank_in(comm_id)
+    outs = []
+    for s, x in zip(summed, xs):
+        block = (x.aval.shape or (1,))[0]
+        piece = jax.lax.slice_in_dim(s, rank * block, (rank + 1) * block, axis=0)
+        outs.append(piece.reshape(x.aval.shape))
+    return outs
+
+
+def _allgather_batch(args, dims, *, size, comm_id):
+    moved, batched = zip(*(_move_batch_to_axis1(x, d) for x, d in zip(args, dims)))
+    outs = allgather_p.bind(*moved, size=size, comm_id=comm_id)
+    return outs, [1 if b else None for b in batched]
+
+
+ad.primitive_transposes[broadcast_p] = linear_transpose(_broadcast_adjoint)
+ad.primitive_transposes[allgather_p] = linear_transpose(_allgather_adjoint)
+batching.primitive_batchers[allreduce_p] = _elementwise_batch(allreduce_p)
+batching.primitive_batchers[broadcast_p] = _elementwise_batch(broadcast_p)
+batching.primitive_batchers[allgather_p] = _allgather_batch
+
+
+# --- process-level: barrier, fence -----------------------------------------
+
+barrier_p = jex_core.Primitive(target("barrier"))
+barrier_p.multiple_results = True
+barrier_p.def_effectful_abstract_eval(lambda *, comm_id: ([], {comm_effect}))
+
+
+@barrier_p.def_impl
+def _barrier_impl(*, comm_id: int):
+    # Eagerly: run the compiled barrier and wait for it, so that barrier()
+    # returns only once every rank has arrived.
+    out = jax.jit(barrier_p.bind, static_argnames="comm_id")(comm_id=comm_id)
+    jax.effects_barrier()
+    return out
+
+
+mlir.register_lowering(
+    barrier_p, lambda ctx, *, comm_id: lower_comm_call(ctx, barrier_p.name, [],
+                                                        {"comm_id": comm_id}),
+    platform="cpu")
+
+# Completes after every op handed to the communication thread before it; in
+# order with the other ops, and across calls in dispatch order.
+fence_p = jex_core.Primitive(target("fence"))
+fence_p.def_effectful_abstract_eval(
+    lambda: (core.ShapedArray((), jnp.int32), {comm_effect}))
+mlir.register_lowering(
+    fence_p, lambda ctx: lower_comm_call(ctx, fence_p.name, [], {}), platform="cpu")
