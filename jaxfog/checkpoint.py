@@ -6,7 +6,7 @@ is its own JAX process, so each rank writes its own orbax checkpoint under
 ``<directory>/rank_<r>``; with one process (simulated agents, their state
 stacked along the agent axis) the checkpoint is ``<directory>/rank_0``.
 ``<directory>/jaxfog.json`` records the number of processes, and a restore
-with another number raises instead of mixing up agents.
+with another number raises instead of mixing up agents::
 
     manager = jaxfog.checkpoint.CheckpointManager("ckpt", max_to_keep=3)
     step = manager.latest_step()            # agreed by all ranks, or None

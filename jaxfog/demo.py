@@ -102,7 +102,7 @@ def steps_to_tolerance(schedule: T.Schedule, limit: np.ndarray, tol: float,
     return None
 
 
-def simulate(schedule: T.Schedule, limit: np.ndarray, x0: np.ndarray,
+def consensus_errors(schedule: T.Schedule, limit: np.ndarray, x0: np.ndarray,
              steps: int) -> np.ndarray:
     """Relative consensus error ``||x_k - x_inf|| / ||x_0 - x_inf||`` for k = 0..steps."""
     x_inf = limit @ x0
@@ -180,7 +180,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         steps = f">{args.cap}" if k is None else str(k)
         print(f"{graph.name:<32} {sched.period:>6} {_max_in_degree(sched):>10} "
               f"{gap:>12.4f} {steps:>16}")
-        curves[graph.name] = (simulate(sched, limit, x0, args.steps),
+        curves[graph.name] = (consensus_errors(sched, limit, x0, args.steps),
                               isinstance(graph, T.Schedule))
     print("(schedules: spectral gap of the product over one period)")
     _save_plot(curves, args.out, args.n)

@@ -1,15 +1,41 @@
-"""Decentralized optimizers as optax transformations.
+r"""Decentralized optimizers as optax transformations.
 
 Each is an ``optax.GradientTransformationExtraArgs`` with a NamedTuple state,
 pure and jittable, called as ``update(grads, state, params)`` (``params`` is
-required), and runs unchanged on every backend: MPI processes (``jaxfog run``)
-and simulated agents (``jaxfog.simulate``). In the equations, ``W`` is the
-mixing matrix in jaxfog's convention (``x_i <- sum_j W[i, j] x_j``), ``u`` the
-inner optimizer's updates, ``g`` the local gradient and ``a`` the learning rate.
+required, except by :func:`gradient_allreduce`), and runs unchanged on every
+backend: MPI processes (``jaxfog run``) and simulated agents
+(:func:`jaxfog.simulate`).
 
-``topology=`` takes a ``Topology``, a ``Schedule`` (the step counter lives in
-the state, so a time-varying graph never retraces) or ``None``: the runtime's
-current topology (or, in ``simulate``, the simulation's).
+Notation, the same in every docstring below: agent (rank) :math:`i` holds the
+parameters :math:`x_i^k` at step :math:`k` (the ``params`` given to
+``update``), :math:`g_i^k` is its local gradient (``grads``), :math:`u_i^k`
+the update of the inner optax transformation and :math:`a` the learning rate.
+:math:`W` is the mixing matrix in jaxfog's convention, ``W[i, j]`` being the
+weight agent :math:`i` gives to what agent :math:`j` sends, so that one
+neighbour averaging is
+
+.. math::
+
+    x_i \leftarrow \sum_j W_{ij}\, x_j .
+
+``update`` returns the change of the parameters (:math:`x_i^{k+1} - x_i^k`),
+to be applied with ``optax.apply_updates``.
+
+``topology=`` takes a :class:`~jaxfog.topology.Topology`, a
+:class:`~jaxfog.topology.Schedule` (the step counter lives in the state, so a
+time-varying graph never retraces) or ``None``: the runtime's current topology
+(:func:`jaxfog.load_topology`; in :func:`jaxfog.simulate`, the simulation's).
+
+The transformations:
+
+* :func:`atc` and :func:`awc`: diffusion around any optax optimizer; with a
+  constant step size they stop at a distance from the optimum that shrinks
+  with the step size.
+* :func:`gradient_allreduce`: global gradient averaging, the baseline.
+* :func:`gradient_tracking` and :func:`exact_diffusion`: exact methods (they
+  reach the optimum of :math:`\sum_i f_i` with a constant step size).
+* :func:`push_sum` and :func:`push_diging`: directed and time-varying graphs,
+  with the column-stochastic weights of :func:`column_stochastic`.
 
 Where they stand in a chain: ``atc``, ``awc`` and ``push_sum`` wrap an inner
 optax transformation (put clipping, weight decay, etc. inside it) and must be
@@ -19,15 +45,25 @@ transformation; ``gradient_tracking``, ``exact_diffusion`` and ``push_diging``
 take a learning rate and are used alone (or after gradient-only transforms
 such as clipping).
 
-Compile the train step with ``jaxfog.jit`` (a drop-in for ``jax.jit``): the
-step then dispatches on JAX's C++ path, which matters for a state of hundreds
-of leaves (plain ``jax.jit`` is correct but pays about 9 us per leaf per call)::
+Compile the train step with :func:`jaxfog.jit` (a drop-in for ``jax.jit``):
+the step then dispatches on JAX's C++ path, which matters for a state of
+hundreds of leaves (plain ``jax.jit`` is correct but pays about 9 us per leaf
+per call)::
+
+    import jax, optax, jaxfog, jaxfog.optax
+
+    optimizer = jaxfog.optax.atc(optax.sgd(0.1))
+    opt_state = optimizer.init(params)
 
     @jaxfog.jit
     def step(params, opt_state, batch):
         grads = jax.grad(loss)(params, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
+
+References:
+  Ying, Yuan, Hu, Chen, Yin. *BlueFog: Make Decentralized Algorithms
+  Practical for Optimization and Deep Learning*. arXiv:2111.04287, 2021.
 """
 
 from __future__ import annotations
@@ -52,7 +88,7 @@ def _need_params(name: str, params: Any) -> None:
                          "(call update(grads, state, params))")
 
 
-def _mix(tree: Tree, topology: Any, count: jax.Array) -> Tree:
+def _average(tree: Tree, topology: Any, count: jax.Array) -> Tree:
     """One neighbor averaging step with W (static, runtime or scheduled: the
     step picks a Schedule's entry and is ignored by a static graph)."""
     return neighbor_allreduce(tree, topology=topology, step=count)
@@ -64,7 +100,7 @@ def _sub(a: Tree, b: Tree) -> Tree:
 
 def _communicate(tree: Tree, topology: Any, count: jax.Array, communication: str,
                  global_every: int | None) -> Tree:
-    mixers = {"neighbor": lambda t: _mix(t, topology, count),
+    mixers = {"neighbor": lambda t: _average(t, topology, count),
               "allreduce": allreduce,
               "hierarchical": hierarchical_neighbor_allreduce,
               "none": lambda t: t}
@@ -88,24 +124,95 @@ def _check_global_every(global_every: int | None) -> None:
 
 
 class DiffusionState(NamedTuple):
-    """State of :func:`atc` and :func:`awc`."""
+    """State of :func:`atc` and :func:`awc`: the inner state and a step counter."""
 
+    #: The inner transformation's state.
     inner: optax.OptState
+    #: Number of ``update`` calls so far (an int32 scalar, 0 after ``init``): it
+    #: picks the entry of a ``Schedule`` and the ``global_every`` steps.
     count: jax.Array
 
 
 def atc(inner: optax.GradientTransformation, *, topology: Any = None,
         communication: str = "neighbor",
         global_every: int | None = None) -> optax.GradientTransformationExtraArgs:
-    """Adapt then combine (diffusion): ``x+ = W (x + u)``.
+    r"""Adapt then combine (ATC diffusion): a local optimizer step, then averaging.
 
-    The inner updates are applied first, then the result is averaged with the
-    neighbours (BlueFog paper, eq. (4)-(5)). ``communication`` may also be
-    ``"allreduce"`` (global averaging), ``"hierarchical"`` (machine-level,
-    ``hierarchical_neighbor_allreduce``) or ``"none"``; ``global_every=k``
-    replaces the neighbour step by a global average every k steps (BlueFog
-    paper, Listing 4). With a constant step size it converges to a
-    neighbourhood of the optimum whose size shrinks with the step size.
+    Every agent applies its inner update, then averages the result with its
+    neighbours:
+
+    .. math::
+
+        x_i^{k+1} = \sum_j W_{ij} \left( x_j^k + u_j^k \right),
+
+    where :math:`x_i^k` are agent :math:`i`'s parameters, :math:`u_i^k` the
+    update of ``inner`` computed from the local gradient :math:`g_i^k` at
+    :math:`x_i^k`, and :math:`W` the mixing matrix of ``topology``
+    (:math:`x_i \leftarrow \sum_j W_{ij} x_j`). With ``inner=optax.sgd(a)``,
+    :math:`u_i^k = -a\, g_i^k` and this is the ATC diffusion algorithm; with a
+    constant step size it converges to a neighbourhood of the optimum whose
+    size shrinks with the step size.
+
+    ``communication`` chooses the averaging that replaces :math:`W`:
+    ``"allreduce"`` the global mean (:math:`W = \frac{1}{n} \mathbf{1}
+    \mathbf{1}^\top` for :math:`n` agents), ``"hierarchical"`` the
+    machine-level average of :func:`jaxfog.hierarchical_neighbor_allreduce`,
+    ``"none"`` no averaging (:math:`W = I`). ``global_every=p`` uses the
+    global mean at the steps :math:`k = 0, p, 2p, \dots` and ``communication``
+    at the others; ``communication="none", global_every=p`` is thus local
+    training with a global average every :math:`p` steps.
+
+    Args:
+      inner: the local optimizer, any optax transformation (a chain with
+        clipping, weight decay, schedules, ...). Its ``update`` receives the
+        local gradient, its state, the unmixed ``params`` and the extra
+        keyword arguments given to this ``update``.
+      topology: the graph of ``"neighbor"`` communication: a
+        :class:`~jaxfog.topology.Topology`, a :class:`~jaxfog.topology.Schedule`
+        (entry ``k % period`` at step ``k``) or ``None``, the current topology
+        (:func:`jaxfog.load_topology`; in :func:`jaxfog.simulate`, the
+        simulation's). The other ``communication`` modes ignore it.
+      communication: ``"neighbor"`` (default: one
+        :func:`jaxfog.neighbor_allreduce` over ``topology``), ``"allreduce"``
+        (:func:`jaxfog.allreduce`, the mean over all agents),
+        ``"hierarchical"`` (:func:`jaxfog.hierarchical_neighbor_allreduce`
+        over the machine topology, :func:`jaxfog.set_machine_topology` or
+        ``simulate``'s ``machine_topology``) or ``"none"``. Another value
+        raises ``ValueError`` when ``update`` is called.
+      global_every: ``None`` (default) or a positive integer ``p``: the steps
+        whose counter is a multiple of ``p`` (the first step included) average
+        over all agents instead (BlueFog paper, Listing 4). Another value
+        raises ``ValueError`` here.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is a
+      :class:`DiffusionState` (the inner state and the step counter).
+      ``update(grads, state, params, **extra)`` needs ``params``
+      (``ValueError`` without) and returns :math:`x_i^{k+1} - x_i^k`, the
+      updates that move the parameters to the mixed values, so it must be the
+      last element of a chain.
+
+    Example::
+
+        optimizer = jaxfog.optax.atc(
+            optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)),
+            topology=jaxfog.topology.one_peer_exponential(jaxfog.size()))
+        opt_state = optimizer.init(params)
+
+        @jaxfog.jit
+        def step(params, opt_state, batch):
+            grads = jax.grad(loss)(params, batch)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+    References:
+      Chen, Sayed. *Diffusion Adaptation Strategies for Distributed
+      Optimization and Learning Over Networks*. IEEE Transactions on Signal
+      Processing, 2012.
+
+      Ying, Yuan, Hu, Chen, Yin. *BlueFog: Make Decentralized Algorithms
+      Practical for Optimization and Deep Learning*. arXiv:2111.04287, 2021,
+      eq. (4)-(5) and Listing 4.
     """
     _check_global_every(global_every)
 
@@ -125,11 +232,75 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
 def awc(inner: optax.GradientTransformation, *, topology: Any = None,
         communication: str = "neighbor",
         global_every: int | None = None) -> optax.GradientTransformationExtraArgs:
-    """Adapt with combine (decentralized gradient descent): ``x+ = W x + u``.
+    r"""Adapt with combine (decentralized gradient descent): average, add the local update.
 
-    The exchange of ``x`` does not depend on the gradient, so inside one
+    .. math::
+
+        x_i^{k+1} = \sum_j W_{ij}\, x_j^k + u_i^k,
+
+    where :math:`u_i^k` is the update of ``inner`` computed from the local
+    gradient :math:`g_i^k` at the unmixed :math:`x_i^k` and :math:`W` the
+    mixing matrix of ``topology`` (:math:`x_i \leftarrow \sum_j W_{ij} x_j`).
+    With ``inner=optax.sgd(a)`` this is decentralized (stochastic) gradient
+    descent, :math:`x_i^{k+1} = \sum_j W_{ij} x_j^k - a\, g_i^k`; like
+    :func:`atc` it converges, with a constant step size, to a neighbourhood of
+    the optimum whose size shrinks with the step size.
+
+    The exchange of :math:`x^k` does not depend on the gradient, so inside one
     jitted train step XLA is free to run it while the backward pass computes
-    (BlueFog paper, section V-A). Same options as :func:`atc`.
+    (BlueFog paper, section V-A). ``communication`` and ``global_every``
+    replace :math:`W` as in :func:`atc`.
+
+    Args:
+      inner: the local optimizer, any optax transformation. Its ``update``
+        receives the local gradient, its state, the unmixed ``params`` and the
+        extra keyword arguments given to this ``update``.
+      topology: the graph of ``"neighbor"`` communication: a
+        :class:`~jaxfog.topology.Topology`, a :class:`~jaxfog.topology.Schedule`
+        (entry ``k % period`` at step ``k``) or ``None``, the current topology
+        (:func:`jaxfog.load_topology`; in :func:`jaxfog.simulate`, the
+        simulation's). The other ``communication`` modes ignore it.
+      communication: ``"neighbor"`` (default: one
+        :func:`jaxfog.neighbor_allreduce` over ``topology``), ``"allreduce"``
+        (:func:`jaxfog.allreduce`, the mean over all agents),
+        ``"hierarchical"`` (:func:`jaxfog.hierarchical_neighbor_allreduce`
+        over the machine topology) or ``"none"``. Another value raises
+        ``ValueError`` when ``update`` is called.
+      global_every: ``None`` (default) or a positive integer ``p``: the steps
+        whose counter is a multiple of ``p`` (the first step included) average
+        over all agents instead. Another value raises ``ValueError`` here.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is a
+      :class:`DiffusionState` (the inner state and the step counter).
+      ``update(grads, state, params, **extra)`` needs ``params``
+      (``ValueError`` without) and returns :math:`x_i^{k+1} - x_i^k`, so it
+      must be the last element of a chain.
+
+    Example::
+
+        optimizer = jaxfog.optax.awc(
+            optax.sgd(0.1, momentum=0.9),
+            topology=jaxfog.topology.exponential(jaxfog.size()))
+        opt_state = optimizer.init(params)
+
+        @jaxfog.jit
+        def step(params, opt_state, batch):
+            grads = jax.grad(loss)(params, batch)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+    References:
+      Nedić, Ozdaglar. *Distributed Subgradient Methods for Multi-Agent
+      Optimization*. IEEE Transactions on Automatic Control, 2009.
+
+      Lian, Zhang, Zhang, Hsieh, Zhang, Liu. *Can Decentralized Algorithms
+      Outperform Centralized Algorithms? A Case Study for Decentralized
+      Parallel Stochastic Gradient Descent*. NeurIPS, 2017.
+
+      Ying, Yuan, Hu, Chen, Yin. *BlueFog: Make Decentralized Algorithms
+      Practical for Optimization and Deep Learning*. arXiv:2111.04287, 2021,
+      section V-A.
     """
     _check_global_every(global_every)
 
@@ -148,9 +319,46 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
 
 def gradient_allreduce(inner: optax.GradientTransformation
                        ) -> optax.GradientTransformationExtraArgs:
-    """Horovod-style data parallelism: ``u = inner(mean over ranks of g)``.
+    r"""Global gradient averaging (Horovod-style data parallelism), the baseline.
 
-    The baseline the decentralized methods are compared with.
+    .. math::
+
+        u_i^k = \mathrm{inner}\Big( \frac{1}{n} \sum_{j=1}^{n} g_j^k \Big),
+
+    where :math:`g_j^k` is agent :math:`j`'s local gradient, :math:`n` the
+    number of agents and :math:`u_i^k` the update returned. Every agent gets
+    the same averaged gradient, so agents that start from the same parameters
+    (e.g. after :func:`jaxfog.broadcast`) stay identical: synchronous
+    data-parallel training, the baseline the decentralized methods are
+    compared with. No topology is involved (one :func:`jaxfog.allreduce` per
+    step).
+
+    Args:
+      inner: the optimizer applied to the averaged gradient. Its ``update``
+        also receives ``params`` and the extra keyword arguments given to this
+        ``update``.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is ``inner``'s
+      own (its ``init`` is ``inner.init``) and whose updates are ``inner``'s.
+      ``update(grads, state, params=None, **extra)`` needs ``params`` only if
+      ``inner`` does.
+
+    Example::
+
+        params = jaxfog.broadcast(params, root=0)  # the same start everywhere
+        optimizer = jaxfog.optax.gradient_allreduce(optax.adamw(1e-3))
+        opt_state = optimizer.init(params)
+
+        @jaxfog.jit
+        def step(params, opt_state, batch):
+            grads = jax.grad(loss)(params, batch)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+    References:
+      Sergeev, Del Balso. *Horovod: fast and easy distributed deep learning in
+      TensorFlow*. arXiv:1802.05799, 2018.
     """
     def update(grads, state, params=None, **extra):
         return inner.update(allreduce(grads), state, params, **extra)
@@ -162,23 +370,81 @@ def gradient_allreduce(inner: optax.GradientTransformation
 
 
 class TrackingState(NamedTuple):
-    """State of :func:`gradient_tracking` and :func:`push_diging`."""
+    """State of :func:`gradient_tracking`."""
 
-    tracker: Tree      # y, tracks the network's average gradient
-    prev_grads: Tree   # g of the previous step
+    #: The tracker :math:`y^{k-1}` of the last step, which tracks the network's
+    #: average gradient (zeros after ``init``).
+    tracker: Tree
+    #: The gradient :math:`g^{k-1}` of the last step (zeros after ``init``).
+    prev_grads: Tree
+    #: Number of ``update`` calls so far (an int32 scalar); picks a ``Schedule``'s entry.
     count: jax.Array
 
 
 def gradient_tracking(learning_rate: float, *, topology: Any = None
                       ) -> optax.GradientTransformationExtraArgs:
-    """Gradient tracking in ATC form (Nedic et al., Qu & Li; DIGing):
+    r"""Gradient tracking (DIGing) in adapt-then-combine form: exact at a constant step size.
 
-        y_k     = W (y_{k-1} + g_k - g_{k-1})      (y_{-1} = g_{-1} = 0)
-        x_{k+1} = W (x_k - a y_k)
+    .. math::
 
-    With a doubly stochastic W the tracker's average equals the average
-    gradient, so with a constant step size the iterates converge to the exact
-    optimum of sum_i f_i. Two neighbour exchanges per step.
+        y_i^k &= \sum_j W_{ij} \left( y_j^{k-1} + g_j^k - g_j^{k-1} \right),
+        \qquad y^{-1} = g^{-1} = 0, \\
+        x_i^{k+1} &= \sum_j W_{ij} \left( x_j^k - a\, y_j^k \right),
+
+    where :math:`x_i^k` are agent :math:`i`'s parameters, :math:`g_i^k` its
+    local gradient at :math:`x_i^k`, :math:`y_i^k` the tracker, :math:`a` the
+    learning rate and :math:`W` the mixing matrix of ``topology``
+    (:math:`x_i \leftarrow \sum_j W_{ij} x_j`). With a doubly stochastic
+    :math:`W` the trackers' average equals the agents' average gradient at
+    every step, so with a constant step size the iterates converge to the
+    exact optimum of :math:`\sum_i f_i`, not to a neighbourhood of it as
+    :func:`atc` does. Two neighbour exchanges per step, one after the other.
+
+    Both exchanges come after the local terms are added (adapt then
+    combine), as in Xu et al.'s Aug-DGM; DIGing and Qu & Li's method add them
+    after mixing: :math:`x_i^{k+1} = \sum_j W_{ij} x_j^k - a\, y_i^k` and
+    :math:`y_i^k = \sum_j W_{ij} y_j^{k-1} + g_i^k - g_i^{k-1}`.
+
+    Args:
+      learning_rate: the constant step size :math:`a` (a float; optax
+        schedules are not supported).
+      topology: :math:`W`: a doubly stochastic
+        :class:`~jaxfog.topology.Topology`, a :class:`~jaxfog.topology.Schedule`
+        of them (entry ``k % period`` at step ``k``, for both exchanges) or
+        ``None``, the current topology (:func:`jaxfog.load_topology`; in
+        :func:`jaxfog.simulate`, the simulation's).
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is a
+      :class:`TrackingState` (the tracker, the last gradient and the step
+      counter). ``update(grads, state, params)`` needs ``params``
+      (``ValueError`` without), ignores extra keyword arguments and returns
+      :math:`x_i^{k+1} - x_i^k`. Use it alone or after gradient-only
+      transformations such as clipping.
+
+    Example::
+
+        optimizer = jaxfog.optax.gradient_tracking(
+            0.05, topology=jaxfog.topology.exponential(jaxfog.size()))
+        opt_state = optimizer.init(params)
+
+        @jaxfog.jit
+        def step(params, opt_state, batch):
+            grads = jax.grad(loss)(params, batch)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+    References:
+      Nedić, Olshevsky, Shi. *Achieving Geometric Convergence for Distributed
+      Optimization over Time-Varying Graphs*. SIAM Journal on Optimization,
+      2017.
+
+      Qu, Li. *Harnessing Smoothness to Accelerate Distributed Optimization*.
+      IEEE Transactions on Control of Network Systems, 2018.
+
+      Xu, Zhu, Soh, Xie. *Augmented Distributed Gradient Methods for
+      Multi-Agent Optimization Under Uncoordinated Constant Stepsizes*. IEEE
+      Conference on Decision and Control (CDC), 2015.
     """
     def init(params):
         zeros = jax.tree.map(jnp.zeros_like, params)
@@ -186,9 +452,9 @@ def gradient_tracking(learning_rate: float, *, topology: Any = None
 
     def update(grads, state, params=None, **extra):
         _need_params("gradient_tracking", params)
-        y = _mix(jax.tree.map(lambda y, g, h: y + g - h, state.tracker, grads,
+        y = _average(jax.tree.map(lambda y, g, h: y + g - h, state.tracker, grads,
                               state.prev_grads), topology, state.count)
-        x = _mix(jax.tree.map(lambda p, t: p - learning_rate * t, params, y), topology,
+        x = _average(jax.tree.map(lambda p, t: p - learning_rate * t, params, y), topology,
                  state.count)
         return _sub(x, params), TrackingState(y, grads, state.count + 1)
 
@@ -198,20 +464,72 @@ def gradient_tracking(learning_rate: float, *, topology: Any = None
 class ExactDiffusionState(NamedTuple):
     """State of :func:`exact_diffusion`."""
 
+    #: :math:`\psi^{k-1} = x^{k-1} - a\, g^{k-1}` of the last step (the
+    #: parameters after ``init``).
     psi: Tree
+    #: Number of ``update`` calls so far (an int32 scalar); picks a ``Schedule``'s entry.
     count: jax.Array
 
 
 def exact_diffusion(learning_rate: float, *, topology: Any = None
                     ) -> optax.GradientTransformationExtraArgs:
-    """Exact diffusion (Yuan, Ying, Zhao, Sayed 2019; BlueFog paper, appendix A):
+    r"""Exact diffusion: diffusion with a bias correction, exact at a constant step size.
 
-        psi_k   = x_k - a g_k
-        phi_k   = psi_k + x_k - psi_{k-1}          (psi_{-1} = x_0)
-        x_{k+1} = ((I + W) / 2) phi_k
+    .. math::
 
-    Corrects the bias of diffusion: with a symmetric doubly stochastic W it
-    converges to the exact optimum of sum_i f_i with a constant step size.
+        \psi_i^k &= x_i^k - a\, g_i^k, \\
+        \phi_i^k &= \psi_i^k + x_i^k - \psi_i^{k-1},
+        \qquad \psi_i^{-1} = x_i^0, \\
+        x_i^{k+1} &= \sum_j \bar W_{ij}\, \phi_j^k,
+        \qquad \bar W = \tfrac{1}{2} (I + W),
+
+    where :math:`x_i^k` are agent :math:`i`'s parameters, :math:`g_i^k` its
+    local gradient at :math:`x_i^k`, :math:`a` the learning rate and
+    :math:`W` the mixing matrix of ``topology``
+    (:math:`x_i \leftarrow \sum_j W_{ij} x_j`). The first step is ATC
+    diffusion with :math:`\bar W`; the correction :math:`x_i^k -
+    \psi_i^{k-1}` removes diffusion's bias: with a symmetric doubly stochastic
+    :math:`W` the iterates converge to the exact optimum of :math:`\sum_i f_i`
+    with a constant step size. One neighbour exchange per step
+    (:math:`\bar W \phi = (\phi + W \phi) / 2`).
+
+    Args:
+      learning_rate: the constant step size :math:`a` (a float; optax
+        schedules are not supported).
+      topology: :math:`W`, which the analysis assumes symmetric and doubly
+        stochastic: a :class:`~jaxfog.topology.Topology`, a
+        :class:`~jaxfog.topology.Schedule` (entry ``k % period`` at step
+        ``k``) or ``None``, the current topology (:func:`jaxfog.load_topology`;
+        in :func:`jaxfog.simulate`, the simulation's).
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is an
+      :class:`ExactDiffusionState` (:math:`\psi` of the last step and the step
+      counter). ``update(grads, state, params)`` needs ``params``
+      (``ValueError`` without), ignores extra keyword arguments and returns
+      :math:`x_i^{k+1} - x_i^k`. Use it alone or after gradient-only
+      transformations such as clipping.
+
+    Example::
+
+        optimizer = jaxfog.optax.exact_diffusion(
+            0.05, topology=jaxfog.topology.ring(jaxfog.size()))  # symmetric W
+        opt_state = optimizer.init(params)
+
+        @jaxfog.jit
+        def step(params, opt_state, batch):
+            grads = jax.grad(loss)(params, batch)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+    References:
+      Yuan, Ying, Zhao, Sayed. *Exact Diffusion for Distributed Optimization
+      and Learning—Part I: Algorithm Development*. IEEE Transactions on Signal
+      Processing, 2019.
+
+      Ying, Yuan, Hu, Chen, Yin. *BlueFog: Make Decentralized Algorithms
+      Practical for Optimization and Deep Learning*. arXiv:2111.04287, 2021,
+      appendix A.
     """
     def init(params):
         return ExactDiffusionState(params, jnp.zeros([], jnp.int32))
@@ -222,7 +540,7 @@ def exact_diffusion(learning_rate: float, *, topology: Any = None
         psi = jax.tree.map(lambda x, g: x - learning_rate * g, params, grads)
         phi = jax.tree.map(lambda s, x, prev: s + x - jnp.where(first, x, prev), psi, params,
                            state.psi)
-        mixed = _mix(phi, topology, state.count)
+        mixed = _average(phi, topology, state.count)
         x = jax.tree.map(lambda f, m: 0.5 * (f + m), phi, mixed)
         return _sub(x, params), ExactDiffusionState(psi, state.count + 1)
 
@@ -233,7 +551,37 @@ def exact_diffusion(learning_rate: float, *, topology: Any = None
 
 
 def column_stochastic(topology: T.Topology) -> T.Topology:
-    """Push weights on ``topology``'s edges: sender j keeps and sends 1/(out_degree_j + 1)."""
+    r"""Column-stochastic push weights on ``topology``'s edges, for push-sum.
+
+    Every sender keeps and sends the same share of what it has:
+
+    .. math::
+
+        P_{ij} = \begin{cases}
+            \dfrac{1}{d_j + 1} & \text{if } i = j \text{ or } W_{ij} \ne 0, \\
+            0 & \text{otherwise,}
+        \end{cases}
+
+    where :math:`W` is ``topology``'s mixing matrix (agent :math:`j` sends to
+    agent :math:`i` when :math:`W_{ij} \ne 0`) and :math:`d_j` the number of
+    agents :math:`j` sends to (its out-degree). Every column of :math:`P` sums
+    to 1, so :math:`\sum_i x_i` is preserved by :math:`x \leftarrow P x`;
+    the rows in general do not sum to 1.
+
+    Args:
+      topology: a :class:`~jaxfog.topology.Topology` (one graph; its edges are
+        used, its weights are not).
+
+    Returns:
+      A :class:`~jaxfog.topology.Topology` with weights :math:`P`, named
+      ``"push(<name>)"``; its connectivity is not checked.
+
+    Example::
+
+        P = jaxfog.optax.column_stochastic(jaxfog.topology.star(4))
+        P.weights[:, 0]  # the center keeps 1/4 and sends 1/4 to each of 3 leaves
+        assert P.is_column_stochastic() and not P.is_row_stochastic()
+    """
     import numpy as np
 
     edges = (topology.weights != 0).astype(float)
@@ -259,23 +607,79 @@ def _unit_weight() -> jax.Array:
 class PushSumState(NamedTuple):
     """State of :func:`push_sum`: the biased numerator x and the push-sum weight w."""
 
+    #: The inner transformation's state.
     inner: optax.OptState
+    #: The numerator :math:`x^k` (the parameters after ``init``).
     numerator: Tree
+    #: The push-sum weight :math:`w^k`, a scalar in the widest float JAX allows
+    #: (float64 with ``jax_enable_x64``, else float32); 1 after ``init``.
     weight: jax.Array
+    #: Number of ``update`` calls so far (an int32 scalar); picks a ``Schedule``'s entry.
     count: jax.Array
 
 
 def push_sum(inner: optax.GradientTransformation, *, topology: Any = None
              ) -> optax.GradientTransformationExtraArgs:
-    """Push-sum / stochastic gradient push (Kempe et al.; Assran et al. 2019):
+    r"""Push-sum / stochastic gradient push: averaging on directed and time-varying graphs.
 
-        (x, w)_{k+1} = P ((x_k + u_k), w_k),   z_{k+1} = x_{k+1} / w_{k+1}
+    .. math::
 
-    with P column-stochastic on the graph's edges (sender j weights
-    1/(out_degree_j + 1)), so it works on directed and time-varying graphs.
-    The push-sum weight w travels in the same message as the parameters. The
-    params the user sees are the de-biased z = x / w; u comes from ``inner``
-    evaluated at z.
+        x_i^{k+1} &= \sum_j P_{ij} \left( x_j^k + u_j^k \right),
+        \qquad w_i^{k+1} = \sum_j P_{ij}\, w_j^k, \\
+        z_i^{k+1} &= x_i^{k+1} / w_i^{k+1},
+        \qquad x_i^0 = z_i^0, \quad w_i^0 = 1,
+
+    where :math:`z_i^k` are the parameters agent :math:`i` sees (``params``),
+    :math:`x_i^k` the biased numerator, :math:`w_i^k` the push-sum weight,
+    :math:`u_i^k` the update of ``inner`` computed from the local gradient
+    :math:`g_i^k` at :math:`z_i^k`, and :math:`P` the column-stochastic
+    weights that :func:`column_stochastic` puts on ``topology``'s edges:
+    sender :math:`j` gives :math:`1 / (d_j + 1)` to itself and to each of its
+    :math:`d_j` out-neighbours. The columns of :math:`P` sum to 1, so the sums of
+    :math:`x` and :math:`w` over the agents are preserved and :math:`z`
+    de-biases the mixing; this is why it works on directed and time-varying
+    graphs, where :math:`W` is not doubly stochastic. The weight travels in
+    the same message as the numerator: one neighbour exchange per step. With
+    ``inner=optax.sgd(a)`` this is stochastic gradient push; with zero
+    updates, push-sum averaging.
+
+    Args:
+      inner: the local optimizer, any optax transformation. Its ``update``
+        receives the local gradient, its state, ``params`` (:math:`z_i^k`) and
+        the extra keyword arguments given to this ``update``.
+      topology: the graph, whose edges (not weights) define :math:`P`: a
+        :class:`~jaxfog.topology.Topology`, a :class:`~jaxfog.topology.Schedule`
+        (each entry converted; entry ``k % period`` at step ``k``) or ``None``,
+        the current topology (:func:`jaxfog.load_topology`, read when
+        ``update`` is traced; in :func:`jaxfog.simulate`, the simulation's).
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is a
+      :class:`PushSumState` (the inner state, :math:`x`, :math:`w` and the step
+      counter). ``update(grads, state, params, **extra)`` needs ``params``
+      (``ValueError`` without) and returns :math:`z_i^{k+1} - z_i^k`, so it
+      must be the last element of a chain. The iterate lives in the state:
+      pass the parameters the previous updates produced.
+
+    Example::
+
+        optimizer = jaxfog.optax.push_sum(
+            optax.sgd(0.1), topology=jaxfog.topology.exponential(jaxfog.size()))
+        opt_state = optimizer.init(params)
+
+        @jaxfog.jit
+        def step(params, opt_state, batch):
+            grads = jax.grad(loss)(params, batch)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+    References:
+      Kempe, Dobra, Gehrke. *Gossip-Based Computation of Aggregate
+      Information*. IEEE Symposium on Foundations of Computer Science (FOCS),
+      2003.
+
+      Assran, Loizou, Ballas, Rabbat. *Stochastic Gradient Push for
+      Distributed Deep Learning*. ICML, 2019.
     """
     def init(params):
         return PushSumState(inner.init(params), params, _unit_weight(),
@@ -285,7 +689,7 @@ def push_sum(inner: optax.GradientTransformation, *, topology: Any = None
         _need_params("push_sum", params)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         numerator = optax.apply_updates(state.numerator, u)
-        numerator, weight = _mix((numerator, state.weight), _push_topology(topology),
+        numerator, weight = _average((numerator, state.weight), _push_topology(topology),
                                  state.count)
         z = jax.tree.map(lambda x: x / weight.astype(x.dtype), numerator)
         return _sub(z, params), PushSumState(inner_state, numerator, weight, state.count + 1)
@@ -296,22 +700,83 @@ def push_sum(inner: optax.GradientTransformation, *, topology: Any = None
 class PushDigingState(NamedTuple):
     """State of :func:`push_diging`."""
 
+    #: The numerator :math:`x^k` (the parameters after ``init``).
     numerator: Tree
+    #: The push-sum weight :math:`w^k` (see :class:`PushSumState`); 1 after ``init``.
     weight: jax.Array
+    #: The tracker :math:`y^{k-1}` of the last step (zeros after ``init``).
     tracker: Tree
+    #: The gradient :math:`g^{k-1}` of the last step (zeros after ``init``).
     prev_grads: Tree
+    #: Number of ``update`` calls so far (an int32 scalar); picks a ``Schedule``'s entry.
     count: jax.Array
 
 
 def push_diging(learning_rate: float, *, topology: Any = None
                 ) -> optax.GradientTransformationExtraArgs:
-    """Push-DIGing: gradient tracking with push-sum for directed and
-    time-varying graphs (Nedic, Olshevsky, Shi 2017; BlueFog paper, appendix B):
+    r"""Push-DIGing: gradient tracking with push-sum weights, for directed graphs.
 
-        y_k          = P (y_{k-1} + g_k - g_{k-1})
-        (u, v)_{k+1} = P ((u_k - a y_k), v_k),     x_{k+1} = u_{k+1} / v_{k+1}
+    .. math::
 
-    with P column-stochastic (see :func:`push_sum`); g is evaluated at x.
+        y_i^k &= \sum_j P_{ij} \left( y_j^{k-1} + g_j^k - g_j^{k-1} \right),
+        \qquad y^{-1} = g^{-1} = 0, \\
+        x_i^{k+1} &= \sum_j P_{ij} \left( x_j^k - a\, y_j^k \right),
+        \qquad w_i^{k+1} = \sum_j P_{ij}\, w_j^k, \\
+        z_i^{k+1} &= x_i^{k+1} / w_i^{k+1},
+        \qquad x_i^0 = z_i^0, \quad w_i^0 = 1,
+
+    where :math:`z_i^k` are the parameters agent :math:`i` sees (``params``),
+    :math:`g_i^k` its local gradient at :math:`z_i^k`, :math:`y_i^k` the
+    tracker, :math:`x_i^k` the numerator, :math:`w_i^k` the push-sum weight,
+    :math:`a` the learning rate and :math:`P` the column-stochastic weights
+    of :func:`column_stochastic` on ``topology``'s edges, as in
+    :func:`push_sum` (the paper writes :math:`u, v, x` for :math:`x, w, z`).
+    :math:`P` preserves the sums over the agents, so the trackers' sum is the
+    sum of the gradients, and on a strongly connected graph the iterates
+    converge to the exact optimum of :math:`\sum_i f_i` with a constant step
+    size. As in :func:`gradient_tracking`, the tracker is mixed after the
+    gradient correction is added (the paper adds it after mixing). Two
+    neighbour exchanges per step (:math:`y`, then :math:`x` and :math:`w` in
+    one message).
+
+    Args:
+      learning_rate: the constant step size :math:`a` (a float; optax
+        schedules are not supported).
+      topology: the graph, whose edges (not weights) define :math:`P`: a
+        :class:`~jaxfog.topology.Topology`, a :class:`~jaxfog.topology.Schedule`
+        (each entry converted; entry ``k % period`` at step ``k``) or ``None``,
+        the current topology (:func:`jaxfog.load_topology`, read when
+        ``update`` is traced; in :func:`jaxfog.simulate`, the simulation's).
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is a
+      :class:`PushDigingState` (:math:`x`, :math:`w`, the tracker, the last
+      gradient and the step counter). ``update(grads, state, params)`` needs
+      ``params`` (``ValueError`` without), ignores extra keyword arguments and
+      returns :math:`z_i^{k+1} - z_i^k`. The iterate lives in the state: pass
+      the parameters the previous updates produced. Use it alone or after
+      gradient-only transformations such as clipping.
+
+    Example::
+
+        optimizer = jaxfog.optax.push_diging(
+            0.01, topology=jaxfog.topology.exponential(jaxfog.size()))  # directed
+        opt_state = optimizer.init(params)
+
+        @jaxfog.jit
+        def step(params, opt_state, batch):
+            grads = jax.grad(loss)(params, batch)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+    References:
+      Nedić, Olshevsky, Shi. *Achieving Geometric Convergence for Distributed
+      Optimization over Time-Varying Graphs*. SIAM Journal on Optimization,
+      2017.
+
+      Ying, Yuan, Hu, Chen, Yin. *BlueFog: Make Decentralized Algorithms
+      Practical for Optimization and Deep Learning*. arXiv:2111.04287, 2021,
+      appendix B.
     """
     def init(params):
         zeros = jax.tree.map(jnp.zeros_like, params)
@@ -321,15 +786,16 @@ def push_diging(learning_rate: float, *, topology: Any = None
     def update(grads, state, params=None, **extra):
         _need_params("push_diging", params)
         push = _push_topology(topology)
-        y = _mix(jax.tree.map(lambda y, g, h: y + g - h, state.tracker, grads,
+        y = _average(jax.tree.map(lambda y, g, h: y + g - h, state.tracker, grads,
                               state.prev_grads), push, state.count)
         stepped = jax.tree.map(lambda u, t: u - learning_rate * t, state.numerator, y)
-        numerator, weight = _mix((stepped, state.weight), push, state.count)
+        numerator, weight = _average((stepped, state.weight), push, state.count)
         x = jax.tree.map(lambda u: u / weight.astype(u.dtype), numerator)
         return _sub(x, params), PushDigingState(numerator, weight, y, grads, state.count + 1)
 
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-__all__ = ["atc", "awc", "column_stochastic", "exact_diffusion", "gradient_allreduce",
-           "gradient_tracking", "push_diging", "push_sum"]
+__all__ = ["DiffusionState", "ExactDiffusionState", "PushDigingState", "PushSumState",
+           "TrackingState", "atc", "awc", "column_stochastic", "exact_diffusion",
+           "gradient_allreduce", "gradient_tracking", "push_diging", "push_sum"]

@@ -26,12 +26,15 @@ import dataclasses
 import hashlib
 import os
 import warnings
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from jaxfog import _context, ffi
 from jaxfog import topology as T
+
+if TYPE_CHECKING:  # annotations only: importing jaxfog does not import JAX
+    import jax
 
 #: Environment variables that fake the machine grouping (first one set wins).
 NODES_PER_MACHINE_ENV = ("JAXFOG_NODES_PER_MACHINE", "BLUEFOG_NODES_PER_MACHINE")
@@ -303,7 +306,7 @@ def _world() -> _State | _context.Simulation:
     return _context.current() or _require()
 
 
-def rank() -> int | Any:
+def rank() -> int | jax.Array:
     """This process's rank in the world communicator.
 
     Returns:
@@ -318,7 +321,7 @@ def size() -> int:
     return _world().size
 
 
-def local_rank() -> int | Any:
+def local_rank() -> int | jax.Array:
     """Rank among the processes on this machine (traced inside ``simulate``)."""
     return _world().local_rank
 
@@ -328,7 +331,7 @@ def local_size() -> int:
     return _world().local_size
 
 
-def machine_rank() -> int | Any:
+def machine_rank() -> int | jax.Array:
     """Index of this machine (``rank // local_size`` on homogeneous clusters;
     traced inside ``simulate``)."""
     return _world().machine_rank

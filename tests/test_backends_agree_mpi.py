@@ -24,3 +24,32 @@ def test_mpi_and_simulation_agree():
         simulated = jax.jit(jf.simulate(fn, n))(X)[r]  # no MPI inside
         np.testing.assert_allclose(on_mpi, expected, rtol=1e-12, atol=1e-14, err_msg=name)
         np.testing.assert_allclose(simulated, on_mpi, rtol=1e-12, atol=1e-14, err_msg=name)
+
+
+@mpi_test(nprocs=(4,), env={"JAXFOG_NODES_PER_MACHINE": "2"})
+def test_integers_agree_with_x64_off():
+    """int32 values past float32's 24 bits: both backends average in float64
+    and round half to even, also with jax_enable_x64 off (the default)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog as jf
+    import jaxfog.topology as T
+
+    assert not jax.config.jax_enable_x64
+    jf.init()
+    r, n = jf.rank(), jf.size()
+    X = np.array([[2**30 + 1, -(2**29) + 3], [2**29 + 7, 12345677], [-(2**30) + 9, 5],
+                  [-(2**29) + 2, 2**29 - 1]])
+    ring = T.ring(n)
+    for name, fn in [("neighbor_allreduce", lambda x: jf.neighbor_allreduce(x, topology=ring)),
+                     ("allreduce mean", jf.allreduce),
+                     ("allreduce sum", lambda x: jf.allreduce(x // 8, op="sum")),
+                     ("hierarchical", jf.hierarchical_neighbor_allreduce)]:
+        on_mpi = jax.jit(fn)(jnp.asarray(X[r], jnp.int32))
+        simulated = jax.jit(jf.simulate(fn, n, local_size=2))(jnp.asarray(X, jnp.int32))[r]
+        assert on_mpi.dtype == simulated.dtype == jnp.int32, name
+        np.testing.assert_array_equal(on_mpi, simulated, err_msg=name)
+    np.testing.assert_array_equal(jf.allreduce(jnp.asarray(X[r], jnp.int32)),
+                                  np.rint(X.mean(0)))

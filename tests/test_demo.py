@@ -57,7 +57,7 @@ def test_consensus_limit_row_stochastic_only():
     sched = T.Schedule([T.from_weights([[0.5, 0.5], [0.25, 0.75]])])
     limit = demo.consensus_limit(sched)
     np.testing.assert_allclose(limit, [[1 / 3, 2 / 3], [1 / 3, 2 / 3]], atol=1e-12)
-    errs = demo.simulate(sched, limit, np.array([1.0, 0.0]), 5)
+    errs = demo.consensus_errors(sched, limit, np.array([1.0, 0.0]), 5)
     assert errs[0] == 1.0 and np.all(np.diff(errs) < 0)
     with pytest.raises(ValueError, match="row-stochastic"):
         demo.consensus_limit(T.Schedule([T.from_weights([[0.5, 0.25], [0.5, 0.75]])]))
