@@ -198,12 +198,7 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
             optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)),
             topology=jaxfog.topology.one_peer_exponential(jaxfog.size()))
         opt_state = optimizer.init(params)
-
-        @jaxfog.jit
-        def step(params, opt_state, batch):
-            grads = jax.grad(loss)(params, batch)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
+        # ... then the jitted train step of the module docstring
 
     References:
       Chen, Sayed. *Diffusion Adaptation Strategies for Distributed
@@ -255,20 +250,7 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
       inner: the local optimizer, any optax transformation. Its ``update``
         receives the local gradient, its state, the unmixed ``params`` and the
         extra keyword arguments given to this ``update``.
-      topology: the graph of ``"neighbor"`` communication: a
-        :class:`~jaxfog.topology.Topology`, a :class:`~jaxfog.topology.Schedule`
-        (entry ``k % period`` at step ``k``) or ``None``, the current topology
-        (:func:`jaxfog.load_topology`; in :func:`jaxfog.simulate`, the
-        simulation's). The other ``communication`` modes ignore it.
-      communication: ``"neighbor"`` (default: one
-        :func:`jaxfog.neighbor_allreduce` over ``topology``), ``"allreduce"``
-        (:func:`jaxfog.allreduce`, the mean over all agents),
-        ``"hierarchical"`` (:func:`jaxfog.hierarchical_neighbor_allreduce`
-        over the machine topology) or ``"none"``. Another value raises
-        ``ValueError`` when ``update`` is called.
-      global_every: ``None`` (default) or a positive integer ``p``: the steps
-        whose counter is a multiple of ``p`` (the first step included) average
-        over all agents instead. Another value raises ``ValueError`` here.
+      topology, communication, global_every: as for :func:`atc`.
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -283,12 +265,7 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
             optax.sgd(0.1, momentum=0.9),
             topology=jaxfog.topology.exponential(jaxfog.size()))
         opt_state = optimizer.init(params)
-
-        @jaxfog.jit
-        def step(params, opt_state, batch):
-            grads = jax.grad(loss)(params, batch)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
+        # ... then the jitted train step of the module docstring
 
     References:
       Nedić, Ozdaglar. *Distributed Subgradient Methods for Multi-Agent
@@ -349,12 +326,7 @@ def gradient_allreduce(inner: optax.GradientTransformation
         params = jaxfog.broadcast(params, root=0)  # the same start everywhere
         optimizer = jaxfog.optax.gradient_allreduce(optax.adamw(1e-3))
         opt_state = optimizer.init(params)
-
-        @jaxfog.jit
-        def step(params, opt_state, batch):
-            grads = jax.grad(loss)(params, batch)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
+        # ... then the jitted train step of the module docstring
 
     References:
       Sergeev, Del Balso. *Horovod: fast and easy distributed deep learning in
@@ -427,12 +399,7 @@ def gradient_tracking(learning_rate: float, *, topology: Any = None
         optimizer = jaxfog.optax.gradient_tracking(
             0.05, topology=jaxfog.topology.exponential(jaxfog.size()))
         opt_state = optimizer.init(params)
-
-        @jaxfog.jit
-        def step(params, opt_state, batch):
-            grads = jax.grad(loss)(params, batch)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
+        # ... then the jitted train step of the module docstring
 
     References:
       Nedić, Olshevsky, Shi. *Achieving Geometric Convergence for Distributed
@@ -505,22 +472,14 @@ def exact_diffusion(learning_rate: float, *, topology: Any = None
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is an
       :class:`ExactDiffusionState` (:math:`\psi` of the last step and the step
-      counter). ``update(grads, state, params)`` needs ``params``
-      (``ValueError`` without), ignores extra keyword arguments and returns
-      :math:`x_i^{k+1} - x_i^k`. Use it alone or after gradient-only
-      transformations such as clipping.
+      counter); its ``update`` is called as :func:`gradient_tracking`'s.
 
     Example::
 
         optimizer = jaxfog.optax.exact_diffusion(
             0.05, topology=jaxfog.topology.ring(jaxfog.size()))  # symmetric W
         opt_state = optimizer.init(params)
-
-        @jaxfog.jit
-        def step(params, opt_state, batch):
-            grads = jax.grad(loss)(params, batch)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
+        # ... then the jitted train step of the module docstring
 
     References:
       Yuan, Ying, Zhao, Sayed. *Exact Diffusion for Distributed Optimization
@@ -666,12 +625,7 @@ def push_sum(inner: optax.GradientTransformation, *, topology: Any = None
         optimizer = jaxfog.optax.push_sum(
             optax.sgd(0.1), topology=jaxfog.topology.exponential(jaxfog.size()))
         opt_state = optimizer.init(params)
-
-        @jaxfog.jit
-        def step(params, opt_state, batch):
-            grads = jax.grad(loss)(params, batch)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
+        # ... then the jitted train step of the module docstring
 
     References:
       Kempe, Dobra, Gehrke. *Gossip-Based Computation of Aggregate
@@ -742,11 +696,7 @@ def push_diging(learning_rate: float, *, topology: Any = None
     Args:
       learning_rate: the constant step size :math:`a` (a float; optax
         schedules are not supported).
-      topology: the graph, whose edges (not weights) define :math:`P`: a
-        :class:`~jaxfog.topology.Topology`, a :class:`~jaxfog.topology.Schedule`
-        (each entry converted; entry ``k % period`` at step ``k``) or ``None``,
-        the current topology (:func:`jaxfog.load_topology`, read when
-        ``update`` is traced; in :func:`jaxfog.simulate`, the simulation's).
+      topology: as for :func:`push_sum`.
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -762,12 +712,7 @@ def push_diging(learning_rate: float, *, topology: Any = None
         optimizer = jaxfog.optax.push_diging(
             0.01, topology=jaxfog.topology.exponential(jaxfog.size()))  # directed
         opt_state = optimizer.init(params)
-
-        @jaxfog.jit
-        def step(params, opt_state, batch):
-            grads = jax.grad(loss)(params, batch)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
+        # ... then the jitted train step of the module docstring
 
     References:
       Nedić, Olshevsky, Shi. *Achieving Geometric Convergence for Distributed

@@ -415,12 +415,7 @@ def set_topology(topology: T.Topology | Any | None = None) -> bool:
     """
     _not_in_simulation("set_topology", "pass the topology to jaxfog.simulate, or "
                        "topology= to the op")
-    state = _require()
-    topology = _as_topology(topology, state.size, "set_topology")
-    _check_same_everywhere(state, topology, "set_topology")
-    state.topology = topology
-    _topology_changed()
-    return True
+    return _set_topology("topology", topology, _require().size)
 
 
 def load_topology() -> T.Topology | T.Schedule:
@@ -454,10 +449,15 @@ def out_neighbor_ranks() -> list[int]:
 def set_machine_topology(topology: T.Topology | Any | None = None) -> bool:
     """Sets the machine-level topology used by hierarchical averaging; collective."""
     _not_in_simulation("set_machine_topology", "pass machine_topology= to jaxfog.simulate")
-    state = _require()
-    topology = _as_topology(topology, state.machine_size, "set_machine_topology")
-    _check_same_everywhere(state, topology, "set_machine_topology")
-    state.machine_topology = topology
+    return _set_topology("machine_topology", topology, _require().machine_size)
+
+
+def _set_topology(field: str, topology: Any, size: int) -> bool:
+    """Sets ``_State.<field>`` after checking that every rank passed the same graph."""
+    state, what = _require(), f"set_{field}"
+    topology = _as_topology(topology, size, what)
+    _check_same_everywhere(state, topology, what)
+    setattr(state, field, topology)
     _topology_changed()
     return True
 

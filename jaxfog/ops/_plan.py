@@ -110,6 +110,16 @@ def _weights_dict(weights: Any, what: str, allow_list: bool) -> dict[int, float]
     raise TypeError(f"{what} must be {kind}, got {type(weights).__name__}")
 
 
+def _must_be_static(given: dict, static: list[int], rank: int, label: str, direction: str,
+                    other: str) -> None:
+    """In pull (push) form, the ranks given must be the static in- (out-)neighbours."""
+    if sorted(given) != static:
+        raise ValueError(
+            f"neighbor_allreduce on rank {rank}: {label} names ranks {sorted(given)} but the "
+            f"static topology's {direction}-neighbours are {static}; give {other} too for "
+            "a dynamic graph")
+
+
 def from_local_view(topo: T.Topology, rank: int, self_weight: Any, src_weights: Any,
                     dst_weights: Any) -> Plan:
     """BlueFog's local view, validated on the calling rank.
@@ -129,20 +139,11 @@ def from_local_view(topo: T.Topology, rank: int, self_weight: Any, src_weights: 
     if dst is not None:
         _ranks(dst, size, rank, "dst_weights")
     if dst is None:  # pull: the static graph says where to send
-        static_in = topo.in_neighbors(rank)
-        if sorted(src) != static_in:
-            raise ValueError(
-                f"neighbor_allreduce on rank {rank}: src_weights names ranks "
-                f"{sorted(src)} but the static topology's in-neighbours are {static_in}; "
-                "give dst_weights too for a dynamic graph")
+        _must_be_static(src, topo.in_neighbors(rank), rank, "src_weights", "in", "dst_weights")
         dst = {i: 1.0 for i in topo.out_neighbors(rank)}
     elif src is None:  # push: the static graph says whom to receive from
-        static_out = topo.out_neighbors(rank)
-        if sorted(dst) != static_out:
-            raise ValueError(
-                f"neighbor_allreduce on rank {rank}: dst_weights names ranks "
-                f"{sorted(dst)} but the static topology's out-neighbours are {static_out}; "
-                "give src_weights too for a dynamic graph")
+        _must_be_static(dst, topo.out_neighbors(rank), rank, "dst_weights", "out",
+                        "src_weights")
         src = {j: 1.0 for j in topo.in_neighbors(rank)}
     sends = tuple(sorted(dst.items()))
     recvs = tuple(sorted(src.items()))
