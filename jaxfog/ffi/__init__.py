@@ -79,7 +79,6 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_mpi_library_version.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.jaxfog_mpi_library_version.restype = ctypes.c_int
     lib.jaxfog_mpi_query_thread.restype = ctypes.c_int
-    lib.jaxfog_mpi_thread_multiple.restype = ctypes.c_int
     lib.jaxfog_build_info.restype = ctypes.c_char_p
     _check_same_mpi(lib)
     return lib

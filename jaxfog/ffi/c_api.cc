@@ -142,8 +142,4 @@ __attribute__((visibility("default"))) const char* jaxfog_build_info() {
   return JAXFOG_BUILD_INFO;
 }
 
-__attribute__((visibility("default"))) int jaxfog_mpi_thread_multiple() {
-  return MPI_THREAD_MULTIPLE;
-}
-
 }  // extern "C"

@@ -453,8 +453,7 @@ ffi::Error Allreduce(Transport* transport, int64_t signature, bool mean,
     const size_t width = ffi::ByteWidth(type);
     if (members.size() == 1) {  // in place into XLA's output: no packing pass
       const size_t l = members[0];
-      if (ffi::Error err = transport->Allreduce(info, in[l].in, out[l].out, count, type,
-                                                ReduceOp::kSum);
+      if (ffi::Error err = transport->Allreduce(info, in[l].in, out[l].out, count, type);
           !err.success()) {
         return err;
       }
@@ -473,8 +472,7 @@ ffi::Error Allreduce(Transport* transport, int64_t signature, bool mean,
       at += in[l].bytes;
     }
     ScratchPool::Lease summed = ScratchPool::Global().Acquire(count * width);
-    if (ffi::Error err = transport->Allreduce(info, packed.data(), summed.data(), count, type,
-                                              ReduceOp::kSum);
+    if (ffi::Error err = transport->Allreduce(info, packed.data(), summed.data(), count, type);
         !err.success()) {
       return err;
     }

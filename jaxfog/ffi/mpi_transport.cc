@@ -465,7 +465,7 @@ ffi::Error MpiTransport::Agree(const OpInfo& info, uint64_t bytes, const std::st
 }
 
 ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out,
-                                   size_t count, ffi::DataType type, ReduceOp) {
+                                   size_t count, ffi::DataType type) {
   ++sequence_;
   const std::string what = Describe(info);
   const MPI_Datatype mpi_type = MpiType(type);

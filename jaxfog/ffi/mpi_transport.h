@@ -22,7 +22,6 @@ class MpiTransport final : public Transport {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::string backend() const override { return "mpi"; }
   uint64_t sequence() const override { return sequence_; }
 
   ffi::Error Barrier() override;
@@ -30,7 +29,7 @@ class MpiTransport final : public Transport {
                       const std::vector<RecvSpec>& recvs,
                       const Streaming* streaming = nullptr) override;
   ffi::Error Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
-                       ffi::DataType type, ReduceOp op) override;
+                       ffi::DataType type) override;
   ffi::Error Broadcast(const OpInfo& info, void* data, size_t bytes, int root) override;
   ffi::Error Allgather(const OpInfo& info, const void* in, void* out,
                        size_t bytes) override;

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
-#include <string>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -57,8 +56,6 @@ struct RecvSpec {
   std::vector<Piece> pieces;
 };
 
-enum class ReduceOp { kSum };
-
 // An exchange whose messages travel in pieces of `chunk_bytes`, so that the
 // receiver works on the head of the data while the rest is in flight:
 // `arrived(bytes)` runs, on the exchanging thread, each time the first
@@ -76,8 +73,6 @@ class Transport {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Human-readable backend name, used in error messages ("mpi", "nccl").
-  virtual std::string backend() const = 0;
   // Sequenced ops run so far (the op number message headers carry; the
   // timeline shows it).
   virtual uint64_t sequence() const = 0;
@@ -97,8 +92,9 @@ class Transport {
 
   // Collectives. Before moving data they check that every rank runs the same
   // op with the same signature and size, and fail on every rank otherwise.
+  // Allreduce sums.
   virtual ffi::Error Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
-                               ffi::DataType type, ReduceOp op) = 0;
+                               ffi::DataType type) = 0;
   virtual ffi::Error Broadcast(const OpInfo& info, void* data, size_t bytes, int root) = 0;
   virtual ffi::Error Allgather(const OpInfo& info, const void* in, void* out,
                                size_t bytes) = 0;
