@@ -15,18 +15,6 @@
 
 namespace jaxfog {
 
-const char* OpName(OpCode op) {
-  switch (op) {
-    case OpCode::kNeighborAllreduce: return "neighbor_allreduce";
-    case OpCode::kNeighborAllgather: return "neighbor_allgather";
-    case OpCode::kNeighborReduceScatter: return "neighbor_allgather (transpose)";
-    case OpCode::kAllreduce: return "allreduce";
-    case OpCode::kBroadcast: return "broadcast";
-    case OpCode::kAllgather: return "allgather";
-  }
-  return "unknown op";
-}
-
 namespace {
 
 constexpr int kHeaderTag = 1;
@@ -86,13 +74,6 @@ std::vector<Run> Runs(const std::vector<PieceT>& pieces) {
     if (p.bytes > 0) runs.emplace_back(static_cast<char*>(const_cast<void*>(p.data)), p.bytes);
   }
   return runs;
-}
-
-template <typename PieceT>
-size_t TotalBytes(const std::vector<PieceT>& pieces) {
-  size_t total = 0;
-  for (const auto& p : pieces) total += p.bytes;
-  return total;
 }
 
 // Posts one chunk: a plain byte run, or an hindexed datatype over several

@@ -1,4 +1,5 @@
-// Turning MPI return codes into XLA FFI errors that say what failed.
+// Turning MPI return codes into XLA FFI errors that say what failed, and
+// passing errors up.
 #ifndef JAXFOG_FFI_STATUS_H_
 #define JAXFOG_FFI_STATUS_H_
 
@@ -31,5 +32,20 @@ inline ffi::Error CheckMpi(int code, std::string_view context) {
 }
 
 }  // namespace jaxfog
+
+// In functions returning ffi::Error: returns the error of `expr`, if any.
+#define JAXFOG_RETURN_IF_ERROR(expr)                                        \
+  do {                                                                      \
+    if (::xla::ffi::Error jaxfog_error_ = (expr); !jaxfog_error_.success()) \
+      return jaxfog_error_;                                                 \
+  } while (false)
+
+// In functions returning ffi::ErrorOr<...>: declares `lhs`, a reference to
+// the value of `expr`, or returns its error.
+#define JAXFOG_ASSIGN_OR_RETURN(lhs, expr)                              \
+  auto lhs##_or = (expr);                                               \
+  if (lhs##_or.has_error())                                             \
+    return ::xla::ffi::Unexpected<::xla::ffi::Error>(lhs##_or.error()); \
+  auto& lhs = *lhs##_or
 
 #endif  // JAXFOG_FFI_STATUS_H_

@@ -12,24 +12,12 @@
 #include <limits>
 #include <vector>
 
+#include "ops.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxfog {
 
 namespace ffi = ::xla::ffi;
-
-// Operation codes, carried in message headers so that ranks running
-// different operations are told so instead of exchanging garbage.
-enum class OpCode : uint32_t {
-  kNeighborAllreduce = 1,
-  kNeighborAllgather = 2,
-  kNeighborReduceScatter = 3,
-  kAllreduce = 4,
-  kBroadcast = 5,
-  kAllgather = 6,
-};
-
-const char* OpName(OpCode op);
 
 // What one rank believes the current operation is; peers must agree.
 struct OpInfo {
@@ -56,6 +44,14 @@ struct RecvSpec {
   std::vector<Piece> pieces;
 };
 
+// Bytes of a list of pieces, leaves, ... (anything with a `bytes` member).
+template <typename T>
+size_t TotalBytes(const std::vector<T>& items) {
+  size_t total = 0;
+  for (const T& item : items) total += item.bytes;
+  return total;
+}
+
 // An exchange whose messages travel in pieces of `chunk_bytes`, so that the
 // receiver works on the head of the data while the rest is in flight:
 // `arrived(bytes)` runs, on the exchanging thread, each time the first
@@ -69,6 +65,9 @@ struct Streaming {
 
 class Transport {
  public:
+  Transport() = default;
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
   virtual ~Transport() = default;
 
   virtual int rank() const = 0;
