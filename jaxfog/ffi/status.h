@@ -1,37 +1,8 @@
-// Turning MPI return codes into XLA FFI errors that say what failed, and
-// passing errors up.
+// Passing XLA FFI errors up, whatever the backend.
 #ifndef JAXFOG_FFI_STATUS_H_
 #define JAXFOG_FFI_STATUS_H_
 
-#include <mpi.h>
-
-#include <string>
-#include <string_view>
-
 #include "xla/ffi/api/ffi.h"
-
-namespace jaxfog {
-
-namespace ffi = ::xla::ffi;
-
-// The MPI library's own text for an error code.
-inline std::string MpiErrorString(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) {
-    return "unknown MPI error " + std::to_string(code);
-  }
-  return std::string(text, length);
-}
-
-// Success, or an internal error naming the call and the MPI message.
-inline ffi::Error CheckMpi(int code, std::string_view context) {
-  if (code == MPI_SUCCESS) return ffi::Error::Success();
-  return ffi::Error::Internal("jaxfog: " + std::string(context) + " failed: " +
-                              MpiErrorString(code));
-}
-
-}  // namespace jaxfog
 
 // In functions returning ffi::Error: returns the error of `expr`, if any.
 #define JAXFOG_RETURN_IF_ERROR(expr)                                        \
