@@ -45,15 +45,14 @@ struct Leaf {
 ffi::ErrorOr<std::vector<Leaf>> Inputs(ffi::RemainingArgs args, const char* op) {
   std::vector<Leaf> leaves;
   for (size_t i = 0; i < args.size(); ++i) {
-    ffi::ErrorOr<ffi::AnyBuffer> buffer = args.get<ffi::AnyBuffer>(i);
-    if (buffer.has_error()) return ffi::Unexpected<ffi::Error>(buffer.error());
-    if (!IsSupported(buffer->element_type())) {
+    JAXFOG_ASSIGN_OR_RETURN(buffer, args.get<ffi::AnyBuffer>(i));
+    if (!IsSupported(buffer.element_type())) {
       return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument(
           std::string("jaxfog ") + op + ": unsupported dtype " +
-          DTypeName(buffer->element_type())));
+          DTypeName(buffer.element_type())));
     }
-    leaves.push_back({buffer->element_type(), buffer->element_count(), buffer->size_bytes(),
-                      buffer->untyped_data(), nullptr});
+    leaves.push_back({buffer.element_type(), buffer.element_count(), buffer.size_bytes(),
+                      buffer.untyped_data(), nullptr});
   }
   return leaves;
 }
@@ -61,9 +60,8 @@ ffi::ErrorOr<std::vector<Leaf>> Inputs(ffi::RemainingArgs args, const char* op) 
 ffi::ErrorOr<std::vector<Leaf>> Outputs(ffi::RemainingRets rets) {
   std::vector<Leaf> leaves;
   for (size_t i = 0; i < rets.size(); ++i) {
-    ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> buffer = rets.get<ffi::AnyBuffer>(i);
-    if (buffer.has_error()) return ffi::Unexpected<ffi::Error>(buffer.error());
-    ffi::AnyBuffer& b = **buffer;
+    JAXFOG_ASSIGN_OR_RETURN(result, rets.get<ffi::AnyBuffer>(i));
+    ffi::AnyBuffer& b = *result;
     leaves.push_back({b.element_type(), b.element_count(), b.size_bytes(), nullptr,
                       b.untyped_data()});
   }

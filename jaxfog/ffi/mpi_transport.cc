@@ -324,8 +324,7 @@ ffi::Error MpiTransport::Init() {
 // MPI results are ignored here: a destructor has no one to tell.
 MpiTransport::~MpiTransport() {
   int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
+  if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
   if (half_sum_ != MPI_OP_NULL) MPI_Op_free(&half_sum_);
   if (bfloat16_sum_ != MPI_OP_NULL) MPI_Op_free(&bfloat16_sum_);
 }
