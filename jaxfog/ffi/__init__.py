@@ -17,19 +17,29 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 LIBRARY_PATH = Path(__file__).resolve().parent / "libjaxfog_ffi.so"
-
-# Typed FFI handlers exported by the library (XLA_FFI_DEFINE_HANDLER_SYMBOL).
-HANDLERS = ("jaxfog_rank", "jaxfog_size", "jaxfog_barrier", "jaxfog_fence",
-            "jaxfog_neighbor_allreduce", "jaxfog_neighbor_allgather",
-            "jaxfog_neighbor_reduce_scatter", "jaxfog_allreduce", "jaxfog_broadcast",
-            "jaxfog_allgather")
 
 
 class FfiLibraryError(ImportError):
     """The FFI library is missing or does not match the MPI that mpi4py uses."""
+
+
+class OpSpec(NamedTuple):
+    """One op of the library's op table (``jaxfog/ffi/ops.h``)."""
+
+    name: str    #: e.g. ``"neighbor_allreduce"``
+    code: int    #: its op code; a message op's code travels in message headers
+    target: str  #: the XLA FFI handler the library exports, e.g. ``"jaxfog_rank"``
+
+
+@functools.cache
+def op_table() -> dict[str, OpSpec]:
+    """Every op the library exports a typed FFI handler for, by name."""
+    entries = json.loads(library().jaxfog_op_table().decode())
+    return {entry["name"]: OpSpec(entry["name"], entry["code"], entry["target"])
+            for entry in entries}
 
 
 def build_info() -> dict[str, Any]:
@@ -79,8 +89,8 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_mpi_library_version.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.jaxfog_mpi_library_version.restype = ctypes.c_int
     lib.jaxfog_mpi_query_thread.restype = ctypes.c_int
-    lib.jaxfog_mpi_thread_multiple.restype = ctypes.c_int
     lib.jaxfog_build_info.restype = ctypes.c_char_p
+    lib.jaxfog_op_table.restype = ctypes.c_char_p
     _check_same_mpi(lib)
     return lib
 
@@ -136,10 +146,13 @@ def _check_same_mpi(lib: ctypes.CDLL) -> None:
 
 @functools.cache
 def register_handlers() -> None:
-    """Registers every handler as a CPU custom-call target (once per process)."""
+    """Registers every handler of the op table as a CPU custom-call target.
+
+    Once per process.
+    """
     import jax
 
     lib = library()
-    for name in HANDLERS:
-        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)),
+    for op in op_table().values():
+        jax.ffi.register_ffi_target(op.target, jax.ffi.pycapsule(getattr(lib, op.target)),
                                     platform="cpu", api_version=1)

@@ -1,5 +1,6 @@
-// Typed XLA FFI handlers (api_version 1). One handler per op: each decodes
-// buffers and attributes, lays out the messages, and calls the transport.
+// Typed XLA FFI handlers (api_version 1). One handler per op of the table in
+// ops.h, Handler<OpCode>: it decodes buffers and attributes, lays out the
+// messages, and calls the transport.
 // Every communicating handler takes and returns the token of jaxfog's ordered
 // effect, which fixes the order of all communication identically on every rank.
 //
@@ -16,8 +17,10 @@
 #include "comm_thread.h"
 #include "dtype.h"
 #include "kernels.h"
+#include "ops.h"
 #include "registry.h"
 #include "scratch.h"
+#include "status.h"
 #include "timeline.h"
 #include "transport.h"
 #include "xla/ffi/api/ffi.h"
@@ -42,15 +45,14 @@ struct Leaf {
 ffi::ErrorOr<std::vector<Leaf>> Inputs(ffi::RemainingArgs args, const char* op) {
   std::vector<Leaf> leaves;
   for (size_t i = 0; i < args.size(); ++i) {
-    ffi::ErrorOr<ffi::AnyBuffer> buffer = args.get<ffi::AnyBuffer>(i);
-    if (buffer.has_error()) return ffi::Unexpected<ffi::Error>(buffer.error());
-    if (!IsSupported(buffer->element_type())) {
+    JAXFOG_ASSIGN_OR_RETURN(buffer, args.get<ffi::AnyBuffer>(i));
+    if (!IsSupported(buffer.element_type())) {
       return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument(
           std::string("jaxfog ") + op + ": unsupported dtype " +
-          DTypeName(buffer->element_type())));
+          DTypeName(buffer.element_type())));
     }
-    leaves.push_back({buffer->element_type(), buffer->element_count(), buffer->size_bytes(),
-                      buffer->untyped_data(), nullptr});
+    leaves.push_back({buffer.element_type(), buffer.element_count(), buffer.size_bytes(),
+                      buffer.untyped_data(), nullptr});
   }
   return leaves;
 }
@@ -58,9 +60,8 @@ ffi::ErrorOr<std::vector<Leaf>> Inputs(ffi::RemainingArgs args, const char* op) 
 ffi::ErrorOr<std::vector<Leaf>> Outputs(ffi::RemainingRets rets) {
   std::vector<Leaf> leaves;
   for (size_t i = 0; i < rets.size(); ++i) {
-    ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> buffer = rets.get<ffi::AnyBuffer>(i);
-    if (buffer.has_error()) return ffi::Unexpected<ffi::Error>(buffer.error());
-    ffi::AnyBuffer& b = **buffer;
+    JAXFOG_ASSIGN_OR_RETURN(result, rets.get<ffi::AnyBuffer>(i));
+    ffi::AnyBuffer& b = *result;
     leaves.push_back({b.element_type(), b.element_count(), b.size_bytes(), nullptr,
                       b.untyped_data()});
   }
@@ -129,12 +130,6 @@ ffi::ErrorOr<Entry> SelectEntry(int64_t step, F64s self_weights, I64s send_offse
   return entry;
 }
 
-// For functions returning ffi::ErrorOr<...>.
-#define JAXFOG_ASSIGN_OR_RETURN(lhs, expr)                                        \
-  auto lhs##_or = (expr);                                                         \
-  if (lhs##_or.has_error()) return ffi::Unexpected<ffi::Error>(lhs##_or.error()); \
-  auto& lhs = *lhs##_or
-
 // An op decoded out of its call frame (which is gone once the handler has
 // returned; the buffers stay alive until the future completes).
 struct Job {
@@ -147,10 +142,18 @@ ffi::Future Launch(ffi::ErrorOr<Job> job) {
   return CommThread::Global().Run(job->bytes, std::move(job->run));
 }
 
-size_t TotalBytes(const std::vector<Leaf>& leaves) {
-  size_t total = 0;
-  for (const Leaf& leaf : leaves) total += leaf.bytes;
-  return total;
+// What every pytree op decodes first: its communicator and its leaves.
+struct Call {
+  Transport* transport;
+  std::vector<Leaf> in, out;
+};
+
+ffi::ErrorOr<Call> Decode(int64_t comm_id, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                          OpCode op) {
+  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, OpName(op)));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  return Call{transport, std::move(in), std::move(out)};
 }
 
 // A Job whose work runs inside the op's timeline span. `work(trace)` gets the
@@ -173,36 +176,88 @@ Job TracedJob(OpCode op, int64_t comm_id, Transport* transport, int64_t signatur
   }};
 }
 
-// Rank of this process in communicator `comm_id`, as an int32 scalar.
-ffi::Error RankImpl(int64_t comm_id, ffi::Result<ffi::BufferR0<ffi::S32>> out) {
-  ffi::ErrorOr<Transport*> transport = LookupTransport(comm_id);
-  if (transport.has_error()) return transport.error();
-  out->typed_data()[0] = (*transport)->rank();
-  return ffi::Error::Success();
+// The handler of each op in ops.h: a static Handle, and a static Bind()
+// returning its XLA FFI binding (the attributes, arguments and results Handle
+// takes, in order). An op without one does not compile (see the end).
+template <OpCode>
+struct Handler;
+
+// Wraps a Job factory as an asynchronous Handle with the same arguments.
+template <auto MakeJob>
+struct Async;
+template <typename... Args, ffi::ErrorOr<Job> (*MakeJob)(Args...)>
+struct Async<MakeJob> {
+  static ffi::Future Handle(Args... args) { return Launch(MakeJob(std::move(args)...)); }
+};
+
+// Bindings (rvalue builders). Every pytree op starts with its communicator
+// and message signature, and takes the effect token, then its leaves; it
+// returns the token, then its leaves.
+auto Keyed() { return ffi::Ffi::Bind().Attr<int64_t>("comm_id").Attr<int64_t>("signature"); }
+
+template <typename Binding>
+auto Peers(Binding binding) {
+  return std::move(binding).template Attr<I64s>("send_ranks").template Attr<I64s>(
+      "recv_ranks");
 }
 
-ffi::Error SizeImpl(int64_t comm_id, ffi::Result<ffi::BufferR0<ffi::S32>> out) {
-  ffi::ErrorOr<Transport*> transport = LookupTransport(comm_id);
-  if (transport.has_error()) return transport.error();
-  out->typed_data()[0] = (*transport)->size();
-  return ffi::Error::Success();
+template <typename Binding>
+auto PytreeOp(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::Token>()
+      .RemainingArgs()
+      .template Ret<ffi::Token>()
+      .RemainingRets();
 }
+
+// rank and size: a property of communicator `comm_id`, as an int32 scalar.
+template <int (Transport::*Get)() const>
+struct Property {
+  static ffi::Error Handle(int64_t comm_id, ffi::Result<ffi::BufferR0<ffi::S32>> out) {
+    ffi::ErrorOr<Transport*> transport = LookupTransport(comm_id);
+    if (transport.has_error()) return transport.error();
+    out->typed_data()[0] = ((*transport)->*Get)();
+    return ffi::Error::Success();
+  }
+  static auto Bind() {
+    return ffi::Ffi::Bind().Attr<int64_t>("comm_id").Ret<ffi::BufferR0<ffi::S32>>();
+  }
+};
+
+template <>
+struct Handler<OpCode::kRank> : Property<&Transport::rank> {};
+template <>
+struct Handler<OpCode::kSize> : Property<&Transport::size> {};
 
 ffi::ErrorOr<Job> BarrierJob(int64_t comm_id, ffi::Token, ffi::Result<ffi::Token>) {
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
   return Job{0, [transport, comm_id] {
-    timeline::Span span("barrier", timeline::Span::kOp);
+    timeline::Span span(OpName(OpCode::kBarrier), timeline::Span::kOp);
     if (span) span.args().comm = comm_id;  // not sequenced: no headers, no seq
     return transport->Barrier();
   }};
 }
 
-// Completes once every op handed to the communication thread before it has
-// finished; `done` is a result to wait on (always 0).
-ffi::Future Fence(ffi::Token, ffi::Result<ffi::Token>, ffi::Result<ffi::BufferR0<ffi::S32>> done) {
-  done->typed_data()[0] = 0;
-  return CommThread::Global().Fence();
-}
+template <>
+struct Handler<OpCode::kBarrier> : Async<BarrierJob> {
+  static auto Bind() {
+    return ffi::Ffi::Bind().Attr<int64_t>("comm_id").Arg<ffi::Token>().Ret<ffi::Token>();
+  }
+};
+
+template <>
+struct Handler<OpCode::kFence> {
+  // Completes once every op handed to the communication thread before it has
+  // finished; `done` is a result to wait on (always 0).
+  static ffi::Future Handle(ffi::Token, ffi::Result<ffi::Token>,
+                            ffi::Result<ffi::BufferR0<ffi::S32>> done) {
+    done->typed_data()[0] = 0;
+    return CommThread::Global().Fence();
+  }
+  static auto Bind() {
+    return ffi::Ffi::Bind().Arg<ffi::Token>().Ret<ffi::Token>().Ret<ffi::BufferR0<ffi::S32>>();
+  }
+};
 
 // Messages of at least this size are summed piece by piece as they arrive.
 constexpr size_t kStreamMinBytes = size_t{4} << 20;
@@ -232,13 +287,10 @@ class PartialSums {
       if (ready <= done_[l]) continue;
       const size_t at = done_[l] * width;
       for (size_t j = 0; j < k; ++j) others[j] = received_ + j * stride_ + offsets_[l] + at;
-      if (ffi::Error err = WeightedSum(leaf.type, ready - done_[l],
-                                       static_cast<char*>(out_[l].out) + at,
-                                       static_cast<const char*>(leaf.in) + at,
-                                       entry_.self_weight, others, entry_.recv_weights);
-          !err.success()) {
-        return err;
-      }
+      JAXFOG_RETURN_IF_ERROR(WeightedSum(leaf.type, ready - done_[l],
+                                         static_cast<char*>(out_[l].out) + at,
+                                         static_cast<const char*>(leaf.in) + at,
+                                         entry_.self_weight, others, entry_.recv_weights));
       done_[l] = ready;
     }
     return ffi::Error::Success();
@@ -275,11 +327,8 @@ ffi::Error NeighborAllreduce(Transport* transport, int64_t signature, const Entr
       char* base = scaled.back().data();
       timeline::Span span("scale");
       for (size_t l = 0; l < in.size(); ++l) {
-        if (ffi::Error err = WeightedSum(in[l].type, in[l].count, base + offsets[l], in[l].in,
-                                         entry.send_weights[s], {}, {});
-            !err.success()) {
-          return err;
-        }
+        JAXFOG_RETURN_IF_ERROR(WeightedSum(in[l].type, in[l].count, base + offsets[l],
+                                           in[l].in, entry.send_weights[s], {}, {}));
       }
       send.pieces = ConstPiecesAt(base, in, offsets);
     }
@@ -296,7 +345,7 @@ ffi::Error NeighborAllreduce(Transport* transport, int64_t signature, const Entr
   // Streamed or not depends on the message size alone: a sender and its
   // receivers must cut the message into the same pieces.
   if (stride < kStreamMinBytes) {
-    if (ffi::Error err = transport->Exchange(info, sends, recvs); !err.success()) return err;
+    JAXFOG_RETURN_IF_ERROR(transport->Exchange(info, sends, recvs));
     timeline::Span span("weighted sum");
     return sums.UpTo(Streaming::kAll);
   }
@@ -315,18 +364,36 @@ ffi::ErrorOr<Job> NeighborAllreduceJob(int64_t comm_id, int64_t signature, F64s 
                                        ffi::Token, ffi::BufferR0<ffi::S32> step,
                                        ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                                        ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
+  JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, OpCode::kNeighborAllreduce));
   JAXFOG_ASSIGN_OR_RETURN(entry, SelectEntry(step.typed_data()[0], self_weights, send_offsets,
                                              send_ranks, send_weights, recv_offsets,
-                                             recv_ranks, recv_weights, transport->size()));
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "neighbor_allreduce"));
-  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
-  return TracedJob(OpCode::kNeighborAllreduce, comm_id, transport, signature, TotalBytes(in),
-                   [=](timeline::OpArgs* trace) {
+                                             recv_ranks, recv_weights, call.transport->size()));
+  return TracedJob(OpCode::kNeighborAllreduce, comm_id, call.transport, signature,
+                   TotalBytes(call.in), [=](timeline::OpArgs* trace) {
                      if (trace) trace->Peers(entry.send_ranks, entry.recv_ranks);
-                     return NeighborAllreduce(transport, signature, entry, in, out);
+                     return NeighborAllreduce(call.transport, signature, entry, call.in,
+                                              call.out);
                    });
 }
+
+template <>
+struct Handler<OpCode::kNeighborAllreduce> : Async<NeighborAllreduceJob> {
+  static auto Bind() {
+    return Keyed()
+        .Attr<F64s>("self_weights")
+        .Attr<I64s>("send_offsets")
+        .Attr<I64s>("send_ranks")
+        .Attr<F64s>("send_weights")
+        .Attr<I64s>("recv_offsets")
+        .Attr<I64s>("recv_ranks")
+        .Attr<F64s>("recv_weights")
+        .Arg<ffi::Token>()
+        .Arg<ffi::BufferR0<ffi::S32>>()
+        .RemainingArgs()
+        .Ret<ffi::Token>()
+        .RemainingRets();
+  }
+};
 
 // out = concat over recv_ranks (in that order) of x_j along axis 0; the
 // message from j lands directly in its block of every output leaf.
@@ -350,21 +417,6 @@ ffi::Error NeighborAllgather(Transport* transport, int64_t signature,
   }
   const OpInfo info{OpCode::kNeighborAllgather, static_cast<uint64_t>(signature)};
   return transport->Exchange(info, sends, recvs);
-}
-
-ffi::ErrorOr<Job> NeighborAllgatherJob(int64_t comm_id, int64_t signature, I64s send_ranks,
-                                       I64s recv_ranks, ffi::Token, ffi::RemainingArgs args,
-                                       ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "neighbor_allgather"));
-  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
-  std::vector<int64_t> sends(send_ranks.begin(), send_ranks.end());
-  std::vector<int64_t> recvs(recv_ranks.begin(), recv_ranks.end());
-  return TracedJob(OpCode::kNeighborAllgather, comm_id, transport, signature, TotalBytes(in),
-                   [=](timeline::OpArgs* trace) {
-                     if (trace) trace->Peers(sends, recvs);
-                     return NeighborAllgather(transport, signature, sends, recvs, in, out);
-                   });
 }
 
 // The adjoint of neighbor_allgather: block i of every input leaf goes back to
@@ -392,36 +444,46 @@ ffi::Error NeighborReduceScatter(Transport* transport, int64_t signature,
                      PiecesAt(received.data() + j * stride, out, offsets)});
   }
   const OpInfo info{OpCode::kNeighborReduceScatter, static_cast<uint64_t>(signature)};
-  if (ffi::Error err = transport->Exchange(info, sends, recvs); !err.success()) return err;
+  JAXFOG_RETURN_IF_ERROR(transport->Exchange(info, sends, recvs));
   timeline::Span span("weighted sum");
   std::vector<const void*> others(k);
   const std::vector<double> ones(k, 1.0);
   for (size_t l = 0; l < out.size(); ++l) {
     for (size_t j = 0; j < k; ++j) others[j] = received.data() + j * stride + offsets[l];
-    if (ffi::Error err = WeightedSum(out[l].type, out[l].count, out[l].out, nullptr, 0.0,
-                                     others, ones);
-        !err.success()) {
-      return err;
-    }
+    JAXFOG_RETURN_IF_ERROR(
+        WeightedSum(out[l].type, out[l].count, out[l].out, nullptr, 0.0, others, ones));
   }
   return ffi::Error::Success();
 }
 
-ffi::ErrorOr<Job> NeighborReduceScatterJob(int64_t comm_id, int64_t signature,
-                                           I64s send_ranks, I64s recv_ranks, ffi::Token,
-                                           ffi::RemainingArgs args, ffi::Result<ffi::Token>,
-                                           ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "neighbor_allgather (transpose)"));
-  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+// neighbor_allgather and its adjoint take the same arguments; the adjoint's
+// message is the size of its output.
+template <OpCode op>
+ffi::ErrorOr<Job> NeighborGatherJob(int64_t comm_id, int64_t signature, I64s send_ranks,
+                                    I64s recv_ranks, ffi::Token, ffi::RemainingArgs args,
+                                    ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, op));
   std::vector<int64_t> sends(send_ranks.begin(), send_ranks.end());
   std::vector<int64_t> recvs(recv_ranks.begin(), recv_ranks.end());
-  return TracedJob(OpCode::kNeighborReduceScatter, comm_id, transport, signature,
-                   TotalBytes(out), [=](timeline::OpArgs* trace) {
+  constexpr bool adjoint = op == OpCode::kNeighborReduceScatter;
+  return TracedJob(op, comm_id, call.transport, signature,
+                   TotalBytes(adjoint ? call.out : call.in), [=](timeline::OpArgs* trace) {
                      if (trace) trace->Peers(sends, recvs);
-                     return NeighborReduceScatter(transport, signature, sends, recvs, in, out);
+                     return (adjoint ? NeighborReduceScatter : NeighborAllgather)(
+                         call.transport, signature, sends, recvs, call.in, call.out);
                    });
 }
+
+template <OpCode op>
+struct NeighborGather : Async<NeighborGatherJob<op>> {
+  static auto Bind() { return PytreeOp(Peers(Keyed())); }
+};
+
+template <>
+struct Handler<OpCode::kNeighborAllgather> : NeighborGather<OpCode::kNeighborAllgather> {};
+template <>
+struct Handler<OpCode::kNeighborReduceScatter>
+    : NeighborGather<OpCode::kNeighborReduceScatter> {};
 
 // Packs leaves into `base` at `offsets` (when a pytree must be one message).
 void Pack(const std::vector<Leaf>& in, char* base, const std::vector<size_t>& offsets) {
@@ -453,16 +515,9 @@ ffi::Error Allreduce(Transport* transport, int64_t signature, bool mean,
     const size_t width = ffi::ByteWidth(type);
     if (members.size() == 1) {  // in place into XLA's output: no packing pass
       const size_t l = members[0];
-      if (ffi::Error err = transport->Allreduce(info, in[l].in, out[l].out, count, type,
-                                                ReduceOp::kSum);
-          !err.success()) {
-        return err;
-      }
+      JAXFOG_RETURN_IF_ERROR(transport->Allreduce(info, in[l].in, out[l].out, count, type));
       if (mean) {
-        if (ffi::Error err = WeightedSum(type, count, out[l].out, out[l].out, scale, {}, {});
-            !err.success()) {
-          return err;
-        }
+        JAXFOG_RETURN_IF_ERROR(WeightedSum(type, count, out[l].out, out[l].out, scale, {}, {}));
       }
       continue;
     }
@@ -473,19 +528,15 @@ ffi::Error Allreduce(Transport* transport, int64_t signature, bool mean,
       at += in[l].bytes;
     }
     ScratchPool::Lease summed = ScratchPool::Global().Acquire(count * width);
-    if (ffi::Error err = transport->Allreduce(info, packed.data(), summed.data(), count, type,
-                                              ReduceOp::kSum);
-        !err.success()) {
-      return err;
-    }
+    JAXFOG_RETURN_IF_ERROR(
+        transport->Allreduce(info, packed.data(), summed.data(), count, type));
     at = 0;
     for (size_t l : members) {
       if (!mean) {  // a copy: int64 sums stay exact
         if (out[l].bytes) std::memcpy(out[l].out, summed.data() + at, out[l].bytes);
-      } else if (ffi::Error err = WeightedSum(type, out[l].count, out[l].out,
-                                              summed.data() + at, scale, {}, {});
-                 !err.success()) {
-        return err;
+      } else {
+        JAXFOG_RETURN_IF_ERROR(
+            WeightedSum(type, out[l].count, out[l].out, summed.data() + at, scale, {}, {}));
       }
       at += out[l].bytes;
     }
@@ -496,14 +547,17 @@ ffi::Error Allreduce(Transport* transport, int64_t signature, bool mean,
 ffi::ErrorOr<Job> AllreduceJob(int64_t comm_id, int64_t signature, bool mean, ffi::Token,
                                ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                                ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "allreduce"));
-  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
-  return TracedJob(OpCode::kAllreduce, comm_id, transport, signature, TotalBytes(in),
+  JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, OpCode::kAllreduce));
+  return TracedJob(OpCode::kAllreduce, comm_id, call.transport, signature, TotalBytes(call.in),
                    [=](timeline::OpArgs*) {
-                     return Allreduce(transport, signature, mean, in, out);
+                     return Allreduce(call.transport, signature, mean, call.in, call.out);
                    });
 }
+
+template <>
+struct Handler<OpCode::kAllreduce> : Async<AllreduceJob> {
+  static auto Bind() { return PytreeOp(Keyed().Attr<bool>("mean")); }
+};
 
 // Every rank gets root's value (one message for the whole pytree).
 ffi::Error Broadcast(Transport* transport, int64_t signature, int64_t root,
@@ -518,10 +572,8 @@ ffi::Error Broadcast(Transport* transport, int64_t signature, int64_t root,
   const size_t total = Layout(in, &offsets);
   ScratchPool::Lease packed = ScratchPool::Global().Acquire(total);
   if (is_root) Pack(in, packed.data(), offsets);
-  if (ffi::Error err = transport->Broadcast(info, packed.data(), total, static_cast<int>(root));
-      !err.success()) {
-    return err;
-  }
+  JAXFOG_RETURN_IF_ERROR(
+      transport->Broadcast(info, packed.data(), total, static_cast<int>(root)));
   for (size_t l = 0; l < out.size(); ++l) {
     if (out[l].bytes) std::memcpy(out[l].out, packed.data() + offsets[l], out[l].bytes);
   }
@@ -531,15 +583,18 @@ ffi::Error Broadcast(Transport* transport, int64_t signature, int64_t root,
 ffi::ErrorOr<Job> BroadcastJob(int64_t comm_id, int64_t signature, int64_t root, ffi::Token,
                                ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                                ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "broadcast"));
-  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
-  return TracedJob(OpCode::kBroadcast, comm_id, transport, signature, TotalBytes(in),
+  JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, OpCode::kBroadcast));
+  return TracedJob(OpCode::kBroadcast, comm_id, call.transport, signature, TotalBytes(call.in),
                    [=](timeline::OpArgs* trace) {
                      if (trace) trace->root = root;
-                     return Broadcast(transport, signature, root, in, out);
+                     return Broadcast(call.transport, signature, root, call.in, call.out);
                    });
 }
+
+template <>
+struct Handler<OpCode::kBroadcast> : Async<BroadcastJob> {
+  static auto Bind() { return PytreeOp(Keyed().Attr<int64_t>("root")); }
+};
 
 // out = concat over ranks 0..n-1 of x along axis 0 (one message per leaf set).
 ffi::Error Allgather(Transport* transport, int64_t signature, const std::vector<Leaf>& in,
@@ -552,10 +607,7 @@ ffi::Error Allgather(Transport* transport, int64_t signature, const std::vector<
   ScratchPool::Lease packed = ScratchPool::Global().Acquire(total);
   ScratchPool::Lease gathered = ScratchPool::Global().Acquire(total * n);
   Pack(in, packed.data(), offsets);
-  if (ffi::Error err = transport->Allgather(info, packed.data(), gathered.data(), total);
-      !err.success()) {
-    return err;
-  }
+  JAXFOG_RETURN_IF_ERROR(transport->Allgather(info, packed.data(), gathered.data(), total));
   for (size_t r = 0; r < n; ++r) {
     for (size_t l = 0; l < out.size(); ++l) {
       if (in[l].bytes) {
@@ -570,104 +622,28 @@ ffi::Error Allgather(Transport* transport, int64_t signature, const std::vector<
 ffi::ErrorOr<Job> AllgatherJob(int64_t comm_id, int64_t signature, ffi::Token,
                                ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                                ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, "allgather"));
-  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
-  return TracedJob(OpCode::kAllgather, comm_id, transport, signature, TotalBytes(in),
-                   [=](timeline::OpArgs*) { return Allgather(transport, signature, in, out); });
+  JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, OpCode::kAllgather));
+  return TracedJob(OpCode::kAllgather, comm_id, call.transport, signature, TotalBytes(call.in),
+                   [=](timeline::OpArgs*) {
+                     return Allgather(call.transport, signature, call.in, call.out);
+                   });
 }
 
-// Wraps a Job factory as an asynchronous handler with the same arguments.
-template <auto MakeJob>
-struct Async;
-template <typename... Args, ffi::ErrorOr<Job> (*MakeJob)(Args...)>
-struct Async<MakeJob> {
-  static ffi::Future Handle(Args... args) { return Launch(MakeJob(std::move(args)...)); }
+template <>
+struct Handler<OpCode::kAllgather> : Async<AllgatherJob> {
+  static auto Bind() { return PytreeOp(Keyed()); }
 };
 
-// Bindings (rvalue builders). Every pytree op starts with its communicator and message
-// signature, and takes the effect token, then its leaves; it returns the token,
-// then its leaves.
-auto Keyed() {
-  return ffi::Ffi::Bind().Attr<int64_t>("comm_id").Attr<int64_t>("signature");
-}
-
-template <typename Binding>
-auto Peers(Binding binding) {
-  return std::move(binding).template Attr<I64s>("send_ranks").template Attr<I64s>(
-      "recv_ranks");
-}
-
-template <typename Binding>
-auto PytreeOp(Binding binding) {
-  return std::move(binding)
-      .template Arg<ffi::Token>()
-      .RemainingArgs()
-      .template Ret<ffi::Token>()
-      .RemainingRets();
-}
-
 }  // namespace
-}  // namespace jaxfog
 
-namespace xffi = ::xla::ffi;
-
-// The library is built with hidden visibility; export just the handlers.
+// The exported symbols jaxfog_<name>, one per op of the table. The library is
+// built with hidden visibility; export just these (and c_api.cc's).
 #pragma GCC visibility push(default)
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_rank, jaxfog::RankImpl,
-                              xffi::Ffi::Bind()
-                                  .Attr<int64_t>("comm_id")
-                                  .Ret<xffi::BufferR0<xffi::S32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_size, jaxfog::SizeImpl,
-                              xffi::Ffi::Bind()
-                                  .Attr<int64_t>("comm_id")
-                                  .Ret<xffi::BufferR0<xffi::S32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_barrier, jaxfog::Async<jaxfog::BarrierJob>::Handle,
-                              xffi::Ffi::Bind()
-                                  .Attr<int64_t>("comm_id")
-                                  .Arg<xffi::Token>()
-                                  .Ret<xffi::Token>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_fence, jaxfog::Fence,
-                              xffi::Ffi::Bind()
-                                  .Arg<xffi::Token>()
-                                  .Ret<xffi::Token>()
-                                  .Ret<xffi::BufferR0<xffi::S32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allreduce,
-                              jaxfog::Async<jaxfog::NeighborAllreduceJob>::Handle,
-                              jaxfog::Keyed()
-                                  .Attr<jaxfog::F64s>("self_weights")
-                                  .Attr<jaxfog::I64s>("send_offsets")
-                                  .Attr<jaxfog::I64s>("send_ranks")
-                                  .Attr<jaxfog::F64s>("send_weights")
-                                  .Attr<jaxfog::I64s>("recv_offsets")
-                                  .Attr<jaxfog::I64s>("recv_ranks")
-                                  .Attr<jaxfog::F64s>("recv_weights")
-                                  .Arg<xffi::Token>()
-                                  .Arg<xffi::BufferR0<xffi::S32>>()
-                                  .RemainingArgs()
-                                  .Ret<xffi::Token>()
-                                  .RemainingRets());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_allgather,
-                              jaxfog::Async<jaxfog::NeighborAllgatherJob>::Handle,
-                              jaxfog::PytreeOp(jaxfog::Peers(jaxfog::Keyed())));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_neighbor_reduce_scatter,
-                              jaxfog::Async<jaxfog::NeighborReduceScatterJob>::Handle,
-                              jaxfog::PytreeOp(jaxfog::Peers(jaxfog::Keyed())));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_allreduce, jaxfog::Async<jaxfog::AllreduceJob>::Handle,
-                              jaxfog::PytreeOp(jaxfog::Keyed().Attr<bool>("mean")));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_broadcast, jaxfog::Async<jaxfog::BroadcastJob>::Handle,
-                              jaxfog::PytreeOp(jaxfog::Keyed().Attr<int64_t>("root")));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_allgather, jaxfog::Async<jaxfog::AllgatherJob>::Handle,
-                              jaxfog::PytreeOp(jaxfog::Keyed()));
-
+#define JAXFOG_DEFINE_HANDLER(name, Camel, code, label)                             \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_##name, Handler<OpCode::k##Camel>::Handle, \
+                                Handler<OpCode::k##Camel>::Bind());
+JAXFOG_OPS(JAXFOG_DEFINE_HANDLER)
+#undef JAXFOG_DEFINE_HANDLER
 #pragma GCC visibility pop
+
+}  // namespace jaxfog

@@ -4,28 +4,17 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include "dtype.h"
-#include "status.h"
+#include "mpi_status.h"
 #include "timeline.h"
 
 namespace jaxfog {
-
-const char* OpName(OpCode op) {
-  switch (op) {
-    case OpCode::kNeighborAllreduce: return "neighbor_allreduce";
-    case OpCode::kNeighborAllgather: return "neighbor_allgather";
-    case OpCode::kNeighborReduceScatter: return "neighbor_allgather (transpose)";
-    case OpCode::kAllreduce: return "allreduce";
-    case OpCode::kBroadcast: return "broadcast";
-    case OpCode::kAllgather: return "allgather";
-  }
-  return "unknown op";
-}
 
 namespace {
 
@@ -88,12 +77,20 @@ std::vector<Run> Runs(const std::vector<PieceT>& pieces) {
   return runs;
 }
 
-template <typename PieceT>
-size_t TotalBytes(const std::vector<PieceT>& pieces) {
-  size_t total = 0;
-  for (const auto& p : pieces) total += p.bytes;
-  return total;
-}
+// A derived datatype, freed on every path out of the scope that made it (MPI
+// keeps it alive for requests still using it).
+class ScopedType {
+ public:
+  explicit ScopedType(MPI_Datatype type) : type_(type) {}
+  // The result is ignored: a destructor has no one to tell.
+  ~ScopedType() { MPI_Type_free(&type_); }
+  ScopedType(const ScopedType&) = delete;
+  ScopedType& operator=(const ScopedType&) = delete;
+  MPI_Datatype& get() { return type_; }
+
+ private:
+  MPI_Datatype type_;
+};
 
 // Posts one chunk: a plain byte run, or an hindexed datatype over several
 // runs (MPI reads/writes them in place, no packing by us).
@@ -111,17 +108,16 @@ int PostChunk(const std::vector<Run>& runs, bool send, int peer, MPI_Comm comm,
     lengths[i] = static_cast<int>(runs[i].second);
     if (int rc = MPI_Get_address(runs[i].first, &displacements[i]); rc != MPI_SUCCESS) return rc;
   }
-  MPI_Datatype type;
+  MPI_Datatype created;
   if (int rc = MPI_Type_create_hindexed(static_cast<int>(runs.size()), lengths.data(),
-                                        displacements.data(), MPI_BYTE, &type);
+                                        displacements.data(), MPI_BYTE, &created);
       rc != MPI_SUCCESS) {
     return rc;
   }
-  if (int rc = MPI_Type_commit(&type); rc != MPI_SUCCESS) return rc;
-  int rc = send ? MPI_Isend(MPI_BOTTOM, 1, type, peer, kDataTag, comm, request)
-                : MPI_Irecv(MPI_BOTTOM, 1, type, peer, kDataTag, comm, request);
-  MPI_Type_free(&type);  // freed by MPI once the request completes
-  return rc;
+  ScopedType type(created);
+  if (int rc = MPI_Type_commit(&type.get()); rc != MPI_SUCCESS) return rc;
+  return send ? MPI_Isend(MPI_BOTTOM, 1, type.get(), peer, kDataTag, comm, request)
+              : MPI_Irecv(MPI_BOTTOM, 1, type.get(), peer, kDataTag, comm, request);
 }
 
 // Turns completed data requests into Streaming::arrived calls: receive i
@@ -158,22 +154,127 @@ std::string Seconds(double seconds) {
   return text;
 }
 
-// Abandons pending requests after an error. Their receive buffers are about
-// to be reused, so cancellations are given up to a second to complete (a
-// cancelled receive completes at once); what is still pending after that (a
-// send that cannot be cancelled) is released to finish on its own.
-void Abandon(std::vector<MPI_Request>& requests) {
-  for (MPI_Request& request : requests) {
+// MPI requests, owned until they complete. `owners` name what the requests
+// are for, so that a timeout says which peers never answered: request i is
+// for owners[min(i, last)] (requests that all wait for the same ranks name
+// them once).
+//
+// Destroying a set with requests still pending (an error path) abandons
+// them. Their receive buffers are about to be reused, so cancellations are
+// given up to a second to complete (a cancelled receive completes at once);
+// what is still pending after that (a send that cannot be cancelled) is
+// released to finish on its own. Declare a set after the buffers it uses.
+class RequestSet {
+ public:
+  using Finished = std::function<ffi::Error(const int* indices, int count)>;
+
+  RequestSet() = default;
+  explicit RequestSet(std::string owner) { owners_.push_back(std::move(owner)); }
+  RequestSet(const RequestSet&) = delete;
+  RequestSet& operator=(const RequestSet&) = delete;
+  ~RequestSet();
+
+  // A null request to post into, for the last owner given.
+  MPI_Request* Add() { return &requests_.emplace_back(MPI_REQUEST_NULL); }
+  MPI_Request* Add(std::string owner) {
+    owners_.push_back(std::move(owner));
+    return Add();
+  }
+  size_t size() const { return requests_.size(); }
+
+  // Completes every request (each becomes MPI_REQUEST_NULL), or fails once
+  // `timeout_seconds` (> 0) have passed. With `done_at`, it also records when
+  // each request completed (timeline::Now(); for the timeline).
+  // `finished(indices, count)`, when given, runs as requests complete.
+  ffi::Error WaitAll(double timeout_seconds, const std::string& what,
+                     std::vector<int64_t>* done_at = nullptr,
+                     const Finished& finished = nullptr);
+
+ private:
+  std::vector<MPI_Request> requests_;
+  std::vector<std::string> owners_;
+};
+
+// MPI results are ignored here: a destructor has no one to tell, and the
+// error that brought us here is already on its way.
+RequestSet::~RequestSet() {
+  if (std::all_of(requests_.begin(), requests_.end(),
+                  [](MPI_Request r) { return r == MPI_REQUEST_NULL; })) {
+    return;  // completed (or never posted)
+  }
+  for (MPI_Request& request : requests_) {
     if (request != MPI_REQUEST_NULL) MPI_Cancel(&request);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   int done = 0;
   while (!done && std::chrono::steady_clock::now() < deadline) {
-    MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
+    MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
                 MPI_STATUSES_IGNORE);
   }
-  for (MPI_Request& request : requests) {
+  for (MPI_Request& request : requests_) {
     if (request != MPI_REQUEST_NULL) MPI_Request_free(&request);
+  }
+}
+
+ffi::Error RequestSet::WaitAll(double timeout_seconds, const std::string& what,
+                               std::vector<int64_t>* done_at, const Finished& on_finished) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  // MPI makes progress only while polled, so keep polling; yield the core
+  // between polls (ranks may outnumber cores), and only sleep once a wait has
+  // lasted long enough that latency no longer matters.
+  constexpr double kSleepAfterSeconds = 0.05;
+  constexpr auto kPause = std::chrono::microseconds(100);
+  // Testsome rather than Testall: it completes (and nulls) each request as it
+  // finishes, so we know which finished when, and a timeout names only the
+  // requests still pending.
+  const int n = static_cast<int>(requests_.size());
+  int pending = static_cast<int>(
+      std::count_if(requests_.begin(), requests_.end(),
+                    [](MPI_Request r) { return r != MPI_REQUEST_NULL; }));
+  int few[8];  // indices of finished requests; no allocation for the usual few
+  std::vector<int> many(requests_.size() > 8 ? requests_.size() : 0);
+  int* finished = many.empty() ? few : many.data();
+  if (done_at != nullptr) done_at->assign(requests_.size(), timeline::Now());
+  for (int polls = 0;; ++polls) {
+    if (pending == 0) return ffi::Error::Success();
+    int count = 0;
+    JAXFOG_RETURN_IF_MPI_ERROR(
+        MPI_Testsome(n, requests_.data(), &count, finished, MPI_STATUSES_IGNORE), what);
+    if (count == MPI_UNDEFINED) return ffi::Error::Success();  // none left active
+    if (count > 0) {
+      pending -= count;
+      if (done_at != nullptr) {
+        const int64_t now = timeline::Now();
+        for (int i = 0; i < count; ++i) (*done_at)[finished[i]] = now;
+      }
+      if (on_finished) JAXFOG_RETURN_IF_ERROR(on_finished(finished, count));
+      continue;  // poll again at once: more may have finished
+    }
+    if (timeout_seconds > 0 &&
+        std::chrono::duration<double>(Clock::now() - start).count() > timeout_seconds) {
+      std::string waiting;
+      for (size_t i = 0; i < requests_.size(); ++i) {
+        if (requests_[i] == MPI_REQUEST_NULL) continue;
+        const std::string& owner = owners_[std::min(i, owners_.size() - 1)];
+        if (waiting.find(owner) == std::string::npos) {
+          waiting += (waiting.empty() ? "" : ", ") + owner;
+        }
+      }
+      return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
+                        what + " timed out after " + Seconds(timeout_seconds) +
+                            " s (JAXFOG_TIMEOUT) waiting for " + waiting +
+                            ": a peer died, or ranks called different operations or "
+                            "disagree on who sends to whom");
+    }
+    if ((polls & 63) == 63) {
+      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      if (waited > kSleepAfterSeconds) {
+        std::this_thread::sleep_for(kPause);
+      } else {
+        std::this_thread::yield();
+      }
+    }
   }
 }
 
@@ -196,20 +297,36 @@ MPI_Datatype MpiType(ffi::DataType type) {
 MpiTransport::MpiTransport(MPI_Comm comm, double timeout_seconds, size_t max_message_bytes)
     : comm_(comm),
       timeout_seconds_(timeout_seconds),
-      max_message_bytes_(std::clamp<size_t>(max_message_bytes, 1, INT_MAX)) {
-  // Validity of `comm` was checked by the registry before construction.
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
-  MPI_Op_create(&HalfSum, /*commute=*/1, &half_sum_);
-  MPI_Op_create(&BFloat16Sum, /*commute=*/1, &bfloat16_sum_);
+      max_message_bytes_(std::clamp<size_t>(max_message_bytes, 1, INT_MAX)) {}
+
+ffi::ErrorOr<std::unique_ptr<MpiTransport>> MpiTransport::Create(MPI_Comm comm,
+                                                                  double timeout_seconds,
+                                                                  size_t max_message_bytes) {
+  std::unique_ptr<MpiTransport> transport(
+      new MpiTransport(comm, timeout_seconds, max_message_bytes));
+  if (ffi::Error err = transport->Init(); !err.success()) {
+    return ffi::Unexpected<ffi::Error>(std::move(err));
+  }
+  return std::move(transport);
 }
 
+ffi::Error MpiTransport::Init() {
+  // Validity of `comm_` was checked by the caller.
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Op_create(&HalfSum, /*commute=*/1, &half_sum_),
+                             "MPI_Op_create");
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Op_create(&BFloat16Sum, /*commute=*/1, &bfloat16_sum_),
+                             "MPI_Op_create");
+  return ffi::Error::Success();
+}
+
+// MPI results are ignored here: a destructor has no one to tell.
 MpiTransport::~MpiTransport() {
   int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  MPI_Op_free(&half_sum_);
-  MPI_Op_free(&bfloat16_sum_);
+  if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return;
+  if (half_sum_ != MPI_OP_NULL) MPI_Op_free(&half_sum_);
+  if (bfloat16_sum_ != MPI_OP_NULL) MPI_Op_free(&bfloat16_sum_);
 }
 
 std::string MpiTransport::Describe(const OpInfo& info) const {
@@ -219,86 +336,9 @@ std::string MpiTransport::Describe(const OpInfo& info) const {
 
 ffi::Error MpiTransport::Barrier() {
   timeline::Span span("MPI_Ibarrier");
-  std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
-  if (ffi::Error err = CheckMpi(MPI_Ibarrier(comm_, &requests[0]), "MPI_Ibarrier");
-      !err.success()) {
-    return err;
-  }
-  return WaitAll(requests, {"the other ranks"}, "jaxfog barrier on rank " +
-                                                    std::to_string(rank_));
-}
-
-ffi::Error MpiTransport::WaitAll(std::vector<MPI_Request>& requests,
-                                 const std::vector<std::string>& owners,
-                                 const std::string& what, std::vector<int64_t>* done_at,
-                                 const Finished& on_finished) {
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  // MPI makes progress only while polled, so keep polling; yield the core
-  // between polls (ranks may outnumber cores), and only sleep once a wait has
-  // lasted long enough that latency no longer matters.
-  constexpr double kSleepAfterSeconds = 0.05;
-  constexpr auto kPause = std::chrono::microseconds(100);
-  // Testsome rather than Testall: it completes (and nulls) each request as it
-  // finishes, so we know which finished when, and a timeout names only the
-  // requests still pending.
-  const int n = static_cast<int>(requests.size());
-  int pending = static_cast<int>(
-      std::count_if(requests.begin(), requests.end(),
-                    [](MPI_Request r) { return r != MPI_REQUEST_NULL; }));
-  int few[8];  // indices of finished requests; no allocation for the usual few
-  std::vector<int> many(requests.size() > 8 ? requests.size() : 0);
-  int* finished = many.empty() ? few : many.data();
-  if (done_at != nullptr) done_at->assign(requests.size(), timeline::Now());
-  for (int polls = 0;; ++polls) {
-    if (pending == 0) return ffi::Error::Success();
-    int count = 0;
-    int code = MPI_Testsome(n, requests.data(), &count, finished, MPI_STATUSES_IGNORE);
-    if (code != MPI_SUCCESS) {
-      Abandon(requests);
-      return CheckMpi(code, what);
-    }
-    if (count == MPI_UNDEFINED) return ffi::Error::Success();  // none left active
-    if (count > 0) {
-      pending -= count;
-      if (done_at != nullptr) {
-        const int64_t now = timeline::Now();
-        for (int i = 0; i < count; ++i) (*done_at)[finished[i]] = now;
-      }
-      if (on_finished) {
-        if (ffi::Error err = on_finished(finished, count); !err.success()) {
-          Abandon(requests);
-          return err;
-        }
-      }
-      continue;  // poll again at once: more may have finished
-    }
-    if (timeout_seconds_ > 0 &&
-        std::chrono::duration<double>(Clock::now() - start).count() > timeout_seconds_) {
-      std::string waiting;
-      for (size_t i = 0; i < requests.size(); ++i) {
-        if (requests[i] == MPI_REQUEST_NULL) continue;
-        const std::string& owner = owners[std::min(i, owners.size() - 1)];
-        if (waiting.find(owner) == std::string::npos) {
-          waiting += (waiting.empty() ? "" : ", ") + owner;
-        }
-      }
-      Abandon(requests);
-      return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
-                        what + " timed out after " + Seconds(timeout_seconds_) +
-                            " s (JAXFOG_TIMEOUT) waiting for " + waiting +
-                            ": a peer died, or ranks called different operations or "
-                            "disagree on who sends to whom");
-    }
-    if ((polls & 63) == 63) {
-      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
-      if (waited > kSleepAfterSeconds) {
-        std::this_thread::sleep_for(kPause);
-      } else {
-        std::this_thread::yield();
-      }
-    }
-  }
+  RequestSet requests("the other ranks");
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Ibarrier(comm_, requests.Add()), "MPI_Ibarrier");
+  return requests.WaitAll(timeout_seconds_, "jaxfog barrier on rank " + std::to_string(rank_));
 }
 
 ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec>& sends,
@@ -306,80 +346,59 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
                                   const Streaming* streaming) {
   ++sequence_;
   const std::string what = Describe(info);
+  // The header buffers outlive the requests using them; on an error path
+  // pending headers are abandoned before pending data (destroyed in reverse).
   std::vector<Header> out_headers(sends.size());
   std::vector<Header> in_headers(recvs.size());
-  std::vector<MPI_Request> header_requests;
-  std::vector<std::string> header_owners;
-  std::vector<MPI_Request> data_requests;
-  std::vector<std::string> data_owners;
-  auto fail = [&](int code, const std::string& call) {
-    Abandon(header_requests);
-    Abandon(data_requests);
-    return CheckMpi(code, what + ": " + call);
-  };
+  RequestSet data_requests;
+  RequestSet header_requests;
   timeline::Span post("post");
   const bool timed = static_cast<bool>(post);  // the one check for the whole exchange
   std::vector<int> data_peers;                 // peer of each data request, when timed
   // Receives first, so that eager sends find them posted.
   for (size_t i = 0; i < recvs.size(); ++i) {
-    header_requests.emplace_back(MPI_REQUEST_NULL);
-    header_owners.push_back("the header from rank " + std::to_string(recvs[i].peer));
-    if (int rc = MPI_Irecv(&in_headers[i], sizeof(Header), MPI_BYTE, recvs[i].peer,
-                           kHeaderTag, comm_, &header_requests.back());
-        rc != MPI_SUCCESS) {
-      return fail(rc, "MPI_Irecv of a header from rank " + std::to_string(recvs[i].peer));
-    }
+    const int peer = recvs[i].peer;
+    JAXFOG_RETURN_IF_MPI_ERROR(
+        MPI_Irecv(&in_headers[i], sizeof(Header), MPI_BYTE, peer, kHeaderTag, comm_,
+                  header_requests.Add("the header from rank " + std::to_string(peer))),
+        what + ": MPI_Irecv of a header from rank " + std::to_string(peer));
   }
   for (size_t i = 0; i < sends.size(); ++i) {
+    const int peer = sends[i].peer;
     out_headers[i] = {kMagic, static_cast<uint64_t>(info.op), sequence_, info.signature,
                       TotalBytes(sends[i].pieces)};
-    header_requests.emplace_back(MPI_REQUEST_NULL);
-    header_owners.push_back("the header to rank " + std::to_string(sends[i].peer));
-    if (int rc = MPI_Isend(&out_headers[i], sizeof(Header), MPI_BYTE, sends[i].peer,
-                           kHeaderTag, comm_, &header_requests.back());
-        rc != MPI_SUCCESS) {
-      return fail(rc, "MPI_Isend of a header to rank " + std::to_string(sends[i].peer));
-    }
+    JAXFOG_RETURN_IF_MPI_ERROR(
+        MPI_Isend(&out_headers[i], sizeof(Header), MPI_BYTE, peer, kHeaderTag, comm_,
+                  header_requests.Add("the header to rank " + std::to_string(peer))),
+        what + ": MPI_Isend of a header to rank " + std::to_string(peer));
   }
   const size_t chunk_bytes =
       streaming ? std::min(streaming->chunk_bytes, max_message_bytes_) : max_message_bytes_;
   // The data requests of receive i are [recv_first[i], recv_first[i + 1]).
   std::vector<size_t> recv_first;
-  auto post_data = [&](const auto& pieces, int peer, bool send) -> int {
+  auto post_data = [&](const auto& pieces, int peer, bool send) -> ffi::Error {
     for (const auto& chunk : Chunks(Runs(pieces), chunk_bytes)) {
-      data_requests.emplace_back(MPI_REQUEST_NULL);
-      data_owners.push_back((send ? "the send to rank " : "data from rank ") +
-                            std::to_string(peer));
       if (timed) data_peers.push_back(peer);
-      if (int rc = PostChunk(chunk, send, peer, comm_, &data_requests.back());
-          rc != MPI_SUCCESS) {
-        return rc;
-      }
+      MPI_Request* request = data_requests.Add(
+          (send ? "the send to rank " : "data from rank ") + std::to_string(peer));
+      JAXFOG_RETURN_IF_MPI_ERROR(PostChunk(chunk, send, peer, comm_, request),
+                                 what + (send ? ": MPI_Isend to rank " : ": MPI_Irecv from rank ") +
+                                     std::to_string(peer));
     }
-    return MPI_SUCCESS;
+    return ffi::Error::Success();
   };
   for (const RecvSpec& recv : recvs) {
     recv_first.push_back(data_requests.size());
-    if (int rc = post_data(recv.pieces, recv.peer, false); rc != MPI_SUCCESS) {
-      return fail(rc, "MPI_Irecv from rank " + std::to_string(recv.peer));
-    }
+    JAXFOG_RETURN_IF_ERROR(post_data(recv.pieces, recv.peer, false));
   }
   recv_first.push_back(data_requests.size());
-  for (const SendSpec& send : sends) {
-    if (int rc = post_data(send.pieces, send.peer, true); rc != MPI_SUCCESS) {
-      return fail(rc, "MPI_Isend to rank " + std::to_string(send.peer));
-    }
-  }
+  for (const SendSpec& send : sends) JAXFOG_RETURN_IF_ERROR(post_data(send.pieces, send.peer, true));
   const int64_t posted = post.End();  // the waits start here
   std::vector<int64_t> header_done, data_done;
   // Headers first: a peer in another op, or with another shape, is named
   // before any data of the wrong size is waited for.
-  if (ffi::Error err = WaitAll(header_requests, header_owners, what,
-                               timed ? &header_done : nullptr);
-      !err.success()) {
-    Abandon(data_requests);
-    return err;
-  }
+  JAXFOG_RETURN_IF_ERROR(
+      header_requests.WaitAll(timeout_seconds_, what, timed ? &header_done : nullptr));
   for (size_t i = 0; i < recvs.size(); ++i) {
     const Header& got = in_headers[i];
     const uint64_t expected_bytes = TotalBytes(recvs[i].pieces);
@@ -396,20 +415,14 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
                 " were expected: shapes or dtypes differ between ranks";
     }
     if (!problem.empty()) {
-      Abandon(data_requests);
       return ffi::Error::InvalidArgument(what + ": rank " + std::to_string(recvs[i].peer) +
                                          " " + problem);
     }
   }
-  if (ffi::Error err = WaitAll(data_requests, data_owners, what, timed ? &data_done : nullptr,
-                               streaming ? StreamArrivals(*streaming, recv_first, chunk_bytes)
-                                         : Finished());
-      !err.success()) {
-    return err;
-  }
-  if (streaming) {
-    if (ffi::Error err = streaming->arrived(Streaming::kAll); !err.success()) return err;
-  }
+  JAXFOG_RETURN_IF_ERROR(data_requests.WaitAll(
+      timeout_seconds_, what, timed ? &data_done : nullptr,
+      streaming ? StreamArrivals(*streaming, recv_first, chunk_bytes) : RequestSet::Finished()));
+  if (streaming) JAXFOG_RETURN_IF_ERROR(streaming->arrived(Streaming::kAll));
   if (!timed) return ffi::Error::Success();
   // One "wait <peer>" span per peer: from the end of posting until the last
   // message to or from it (header or data) completed.
@@ -442,14 +455,11 @@ ffi::Error MpiTransport::Agree(const OpInfo& info, uint64_t bytes, const std::st
     send[i] = mine[i];
     send[i + 4] = -mine[i];
   }
-  std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
-  if (int rc = MPI_Iallreduce(send, recv, 8, MPI_INT64_T, MPI_MAX, comm_, &requests[0]);
-      rc != MPI_SUCCESS) {
-    return CheckMpi(rc, what + ": MPI_Iallreduce");
-  }
-  if (ffi::Error err = WaitAll(requests, {"the other ranks"}, what); !err.success()) {
-    return err;
-  }
+  RequestSet requests("the other ranks");
+  JAXFOG_RETURN_IF_MPI_ERROR(
+      MPI_Iallreduce(send, recv, 8, MPI_INT64_T, MPI_MAX, comm_, requests.Add()),
+      what + ": MPI_Iallreduce");
+  JAXFOG_RETURN_IF_ERROR(requests.WaitAll(timeout_seconds_, what));
   auto differs = [&](int i) { return recv[i] != -recv[i + 4]; };
   if (differs(0) || differs(1)) {
     return ffi::Error::InvalidArgument(
@@ -465,7 +475,7 @@ ffi::Error MpiTransport::Agree(const OpInfo& info, uint64_t bytes, const std::st
 }
 
 ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out,
-                                   size_t count, ffi::DataType type, ReduceOp) {
+                                   size_t count, ffi::DataType type) {
   ++sequence_;
   const std::string what = Describe(info);
   const MPI_Datatype mpi_type = MpiType(type);
@@ -473,51 +483,44 @@ ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out
     return ffi::Error::InvalidArgument(what + ": unsupported dtype " + DTypeName(type));
   }
   const size_t width = ffi::ByteWidth(type);
-  if (ffi::Error err = Agree(info, count * width, what); !err.success()) return err;
+  JAXFOG_RETURN_IF_ERROR(Agree(info, count * width, what));
   MPI_Op op = type == ffi::DataType::F16    ? half_sum_
               : type == ffi::DataType::BF16 ? bfloat16_sum_
                                             : MPI_SUM;
   timeline::Span span("MPI_Iallreduce");
   const size_t per_call = std::max<size_t>(1, max_message_bytes_ / width);
-  std::vector<MPI_Request> requests;
+  RequestSet requests("the other ranks");
   for (size_t start = 0; start < count; start += per_call) {
     const size_t n = std::min(per_call, count - start);
-    requests.emplace_back(MPI_REQUEST_NULL);
-    if (int rc = MPI_Iallreduce(static_cast<const char*>(in) + start * width,
-                                static_cast<char*>(out) + start * width, static_cast<int>(n),
-                                mpi_type, op, comm_, &requests.back());
-        rc != MPI_SUCCESS) {
-      Abandon(requests);
-      return CheckMpi(rc, what + ": MPI_Iallreduce");
-    }
+    JAXFOG_RETURN_IF_MPI_ERROR(
+        MPI_Iallreduce(static_cast<const char*>(in) + start * width,
+                       static_cast<char*>(out) + start * width, static_cast<int>(n), mpi_type,
+                       op, comm_, requests.Add()),
+        what + ": MPI_Iallreduce");
   }
-  return WaitAll(requests, {"the other ranks"}, what);
+  return requests.WaitAll(timeout_seconds_, what);
 }
 
 ffi::Error MpiTransport::Broadcast(const OpInfo& info, void* data, size_t bytes, int root) {
   ++sequence_;
   const std::string what = Describe(info);
-  if (ffi::Error err = Agree(info, bytes, what); !err.success()) return err;
+  JAXFOG_RETURN_IF_ERROR(Agree(info, bytes, what));
   timeline::Span span("MPI_Ibcast");
-  std::vector<MPI_Request> requests;
+  RequestSet requests("rank " + std::to_string(root) + " (the root)");
   for (size_t start = 0; start < bytes; start += max_message_bytes_) {
     const size_t n = std::min(max_message_bytes_, bytes - start);
-    requests.emplace_back(MPI_REQUEST_NULL);
-    if (int rc = MPI_Ibcast(static_cast<char*>(data) + start, static_cast<int>(n), MPI_BYTE,
-                            root, comm_, &requests.back());
-        rc != MPI_SUCCESS) {
-      Abandon(requests);
-      return CheckMpi(rc, what + ": MPI_Ibcast");
-    }
+    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Ibcast(static_cast<char*>(data) + start, static_cast<int>(n),
+                                          MPI_BYTE, root, comm_, requests.Add()),
+                               what + ": MPI_Ibcast");
   }
-  return WaitAll(requests, {"rank " + std::to_string(root) + " (the root)"}, what);
+  return requests.WaitAll(timeout_seconds_, what);
 }
 
 ffi::Error MpiTransport::Allgather(const OpInfo& info, const void* in, void* out,
                                    size_t bytes) {
   ++sequence_;
   const std::string what = Describe(info);
-  if (ffi::Error err = Agree(info, bytes, what); !err.success()) return err;
+  JAXFOG_RETURN_IF_ERROR(Agree(info, bytes, what));
   if (bytes > max_message_bytes_) {
     return ffi::Error::InvalidArgument(
         what + ": " + std::to_string(bytes) + " bytes per rank is more than one MPI "
@@ -525,13 +528,12 @@ ffi::Error MpiTransport::Allgather(const OpInfo& info, const void* in, void* out
         " bytes); gather a pytree of smaller leaves instead");
   }
   timeline::Span span("MPI_Iallgather");
-  std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
-  if (int rc = MPI_Iallgather(in, static_cast<int>(bytes), MPI_BYTE, out,
-                              static_cast<int>(bytes), MPI_BYTE, comm_, &requests[0]);
-      rc != MPI_SUCCESS) {
-    return CheckMpi(rc, what + ": MPI_Iallgather");
-  }
-  return WaitAll(requests, {"the other ranks"}, what);
+  RequestSet requests("the other ranks");
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Iallgather(in, static_cast<int>(bytes), MPI_BYTE, out,
+                                            static_cast<int>(bytes), MPI_BYTE, comm_,
+                                            requests.Add()),
+                             what + ": MPI_Iallgather");
+  return requests.WaitAll(timeout_seconds_, what);
 }
 
 }  // namespace jaxfog

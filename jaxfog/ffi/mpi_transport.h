@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,13 +17,16 @@ class MpiTransport final : public Transport {
  public:
   // Does not take ownership: the runtime that duplicated `comm` frees it
   // after the transport is gone. Messages larger than `max_message_bytes`
-  // travel in several pieces (MPI counts are ints).
-  MpiTransport(MPI_Comm comm, double timeout_seconds, size_t max_message_bytes);
+  // travel in several pieces (MPI counts are ints). Fails if MPI does.
+  static ffi::ErrorOr<std::unique_ptr<MpiTransport>> Create(MPI_Comm comm,
+                                                            double timeout_seconds,
+                                                            size_t max_message_bytes);
   ~MpiTransport() override;
+  MpiTransport(const MpiTransport&) = delete;
+  MpiTransport& operator=(const MpiTransport&) = delete;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::string backend() const override { return "mpi"; }
   uint64_t sequence() const override { return sequence_; }
 
   ffi::Error Barrier() override;
@@ -30,21 +34,15 @@ class MpiTransport final : public Transport {
                       const std::vector<RecvSpec>& recvs,
                       const Streaming* streaming = nullptr) override;
   ffi::Error Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
-                       ffi::DataType type, ReduceOp op) override;
+                       ffi::DataType type) override;
   ffi::Error Broadcast(const OpInfo& info, void* data, size_t bytes, int root) override;
   ffi::Error Allgather(const OpInfo& info, const void* in, void* out,
                        size_t bytes) override;
 
  private:
-  // Completes `requests`; `owners[i]` names what request i is for, so that a
-  // timeout says which peers never answered. With `done_at`, it also records
-  // when each request completed (timeline::Now(); for the timeline).
-  // `finished(indices, count)`, when given, runs as requests complete.
-  using Finished = std::function<ffi::Error(const int* indices, int count)>;
-  ffi::Error WaitAll(std::vector<MPI_Request>& requests,
-                     const std::vector<std::string>& owners, const std::string& what,
-                     std::vector<int64_t>* done_at = nullptr,
-                     const Finished& finished = nullptr);
+  MpiTransport(MPI_Comm comm, double timeout_seconds, size_t max_message_bytes);
+  // The MPI calls construction needs (a constructor cannot fail).
+  ffi::Error Init();
   // Checks that all ranks agree on (op, sequence number, signature, bytes).
   ffi::Error Agree(const OpInfo& info, uint64_t bytes, const std::string& what);
   std::string Describe(const OpInfo& info) const;

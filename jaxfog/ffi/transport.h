@@ -10,27 +10,14 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
-#include <string>
 #include <vector>
 
+#include "ops.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxfog {
 
 namespace ffi = ::xla::ffi;
-
-// Operation codes, carried in message headers so that ranks running
-// different operations are told so instead of exchanging garbage.
-enum class OpCode : uint32_t {
-  kNeighborAllreduce = 1,
-  kNeighborAllgather = 2,
-  kNeighborReduceScatter = 3,
-  kAllreduce = 4,
-  kBroadcast = 5,
-  kAllgather = 6,
-};
-
-const char* OpName(OpCode op);
 
 // What one rank believes the current operation is; peers must agree.
 struct OpInfo {
@@ -57,7 +44,13 @@ struct RecvSpec {
   std::vector<Piece> pieces;
 };
 
-enum class ReduceOp { kSum };
+// Bytes of a list of pieces, leaves, ... (anything with a `bytes` member).
+template <typename T>
+size_t TotalBytes(const std::vector<T>& items) {
+  size_t total = 0;
+  for (const T& item : items) total += item.bytes;
+  return total;
+}
 
 // An exchange whose messages travel in pieces of `chunk_bytes`, so that the
 // receiver works on the head of the data while the rest is in flight:
@@ -72,12 +65,13 @@ struct Streaming {
 
 class Transport {
  public:
+  Transport() = default;
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
   virtual ~Transport() = default;
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Human-readable backend name, used in error messages ("mpi", "nccl").
-  virtual std::string backend() const = 0;
   // Sequenced ops run so far (the op number message headers carry; the
   // timeline shows it).
   virtual uint64_t sequence() const = 0;
@@ -97,8 +91,9 @@ class Transport {
 
   // Collectives. Before moving data they check that every rank runs the same
   // op with the same signature and size, and fail on every rank otherwise.
+  // Allreduce sums.
   virtual ffi::Error Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
-                               ffi::DataType type, ReduceOp op) = 0;
+                               ffi::DataType type) = 0;
   virtual ffi::Error Broadcast(const OpInfo& info, void* data, size_t bytes, int root) = 0;
   virtual ffi::Error Allgather(const OpInfo& info, const void* in, void* out,
                                size_t bytes) = 0;

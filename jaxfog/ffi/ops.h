@@ -1,0 +1,47 @@
+// The one table of jaxfog's ops: X(name, Camel, code, label) per op.
+//
+// From it come OpCode, OpName, the exported XLA FFI handler jaxfog_<name>
+// (handlers.cc: a table entry without a Handler<OpCode::k<Camel>> does not
+// compile) and the table Python reads (jaxfog_op_table in c_api.cc).
+// `code` travels in message headers: never renumber an op (1..6 are the
+// message ops). `label` is how errors and the timeline name the op.
+#ifndef JAXFOG_FFI_OPS_H_
+#define JAXFOG_FFI_OPS_H_
+
+#include <cstdint>
+
+#define JAXFOG_OPS(X)                                                                   \
+  X(rank, Rank, 7, "rank")                                                              \
+  X(size, Size, 8, "size")                                                              \
+  X(barrier, Barrier, 9, "barrier")                                                     \
+  X(fence, Fence, 10, "fence")                                                          \
+  X(neighbor_allreduce, NeighborAllreduce, 1, "neighbor_allreduce")                     \
+  X(neighbor_allgather, NeighborAllgather, 2, "neighbor_allgather")                     \
+  X(neighbor_reduce_scatter, NeighborReduceScatter, 3, "neighbor_allgather (transpose)") \
+  X(allreduce, Allreduce, 4, "allreduce")                                               \
+  X(broadcast, Broadcast, 5, "broadcast")                                               \
+  X(allgather, Allgather, 6, "allgather")
+
+namespace jaxfog {
+
+enum class OpCode : uint32_t {
+#define JAXFOG_OP_ENUM(name, Camel, code, label) k##Camel = code,
+  JAXFOG_OPS(JAXFOG_OP_ENUM)
+#undef JAXFOG_OP_ENUM
+};
+
+// A code used twice is a duplicate case here, so a compile error.
+inline const char* OpName(OpCode op) {
+  switch (op) {
+#define JAXFOG_OP_CASE(name, Camel, code, label) \
+  case OpCode::k##Camel:                         \
+    return label;
+    JAXFOG_OPS(JAXFOG_OP_CASE)
+#undef JAXFOG_OP_CASE
+  }
+  return "unknown op";  // a header from something that is not a jaxfog op
+}
+
+}  // namespace jaxfog
+
+#endif  // JAXFOG_FFI_OPS_H_

@@ -1,0 +1,59 @@
+"""The FFI library's op table (jaxfog/ffi/ops.h), read without an MPI launch."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from jaxfog import ffi
+
+#: Exported C entry points of c_api.cc: everything else named jaxfog_* is a handler.
+C_API = {"jaxfog_register_mpi_comm", "jaxfog_release_comm", "jaxfog_timeline_start",
+         "jaxfog_timeline_flush", "jaxfog_keep_freed_memory", "jaxfog_set_async_min_bytes",
+         "jaxfog_async_min_bytes", "jaxfog_mpi_library_version", "jaxfog_mpi_query_thread",
+         "jaxfog_build_info", "jaxfog_op_table"}
+
+MESSAGE_OPS = {"neighbor_allreduce": 1, "neighbor_allgather": 2, "neighbor_reduce_scatter": 3,
+               "allreduce": 4, "broadcast": 5, "allgather": 6}
+
+
+def test_names_codes_and_targets_are_unique_and_resolve():
+    table = ffi.op_table()
+    specs = list(table.values())
+    assert [spec.name for spec in specs] == list(table)
+    assert len({spec.name for spec in specs}) == len(specs)
+    assert len({spec.code for spec in specs}) == len(specs)
+    assert len({spec.target for spec in specs}) == len(specs)
+    for spec in specs:
+        assert spec.target == f"jaxfog_{spec.name}"
+        assert hasattr(ffi.library(), spec.target), spec.target
+
+
+def test_table_lists_exactly_the_exported_handlers():
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is needed to list the library's symbols")
+    out = subprocess.run([nm, "-D", "--defined-only", str(ffi.LIBRARY_PATH)],
+                         capture_output=True, text=True, check=True).stdout
+    exported = {line.split()[-1] for line in out.splitlines()
+                if line.split() and line.split()[-1].startswith("jaxfog_")}
+    assert C_API <= exported
+    assert exported - C_API == {spec.target for spec in ffi.op_table().values()}
+
+
+def test_message_op_codes_are_unchanged():
+    # They travel in message headers: ranks running different builds must agree.
+    table = ffi.op_table()
+    assert {name: table[name].code for name in MESSAGE_OPS} == MESSAGE_OPS
+
+
+def test_register_handlers_registers_every_target(monkeypatch):
+    import jax
+
+    registered = []
+    monkeypatch.setattr(jax.ffi, "register_ffi_target",
+                        lambda name, *args, **kwargs: registered.append(name))
+    ffi.register_handlers.__wrapped__()  # uncached: the cached one may have run already
+    assert sorted(registered) == sorted(spec.target for spec in ffi.op_table().values())
