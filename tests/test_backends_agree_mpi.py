@@ -40,12 +40,15 @@ def test_integers_agree_with_x64_off():
     assert not jax.config.jax_enable_x64
     jf.init()
     r, n = jf.rank(), jf.size()
-    X = np.array([[2**30 + 1, -(2**29) + 3], [2**29 + 7, 12345677], [-(2**30) + 9, 5],
-                  [-(2**29) + 2, 2**29 - 1]])
+    # Column 2's sum does not fit in int32: means are summed in float64.
+    X = np.array([[2**30 + 1, -(2**29) + 3, 2**31 - 9], [2**29 + 7, 12345677, 2**31 - 5],
+                  [-(2**30) + 9, 5, 2**30], [-(2**29) + 2, 2**29 - 1, 7]])
     ring = T.ring(n)
     for name, fn in [("neighbor_allreduce", lambda x: jf.neighbor_allreduce(x, topology=ring)),
                      ("allreduce mean", jf.allreduce),
                      ("allreduce sum", lambda x: jf.allreduce(x // 8, op="sum")),
+                     ("allreduce mean, pytree", lambda x: jf.allreduce({"a": x, "b": x[:1]})[
+                         "a"]),
                      ("hierarchical", jf.hierarchical_neighbor_allreduce)]:
         on_mpi = jax.jit(fn)(jnp.asarray(X[r], jnp.int32))
         simulated = jax.jit(jf.simulate(fn, n, local_size=2))(jnp.asarray(X, jnp.int32))[r]

@@ -57,3 +57,12 @@ def test_register_handlers_registers_every_target(monkeypatch):
                         lambda name, *args, **kwargs: registered.append(name))
     ffi.register_handlers.__wrapped__()  # uncached: the cached one may have run already
     assert sorted(registered) == sorted(spec.target for spec in ffi.op_table().values())
+
+
+def test_python_primitives_name_exactly_the_table_targets():
+    """Every primitive (and FFI query) of jaxfog.ops lowers to a target of the
+    library's table, and every table entry has its primitive."""
+    import jaxfog.ops  # noqa: F401  (defines every primitive)
+    from jaxfog.ops import _primitive
+
+    assert _primitive.TARGETS == {name: spec.target for name, spec in ffi.op_table().items()}

@@ -8,6 +8,7 @@
 // (bad input fails the call), copy what they need out of the call frame into a
 // Job, and hand the Job to the CommThread, returning its future.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -492,6 +493,54 @@ void Pack(const std::vector<Leaf>& in, char* base, const std::vector<size_t>& of
   }
 }
 
+// Integer leaves of one dtype as float64, back to back.
+template <typename Int>
+void IntegersToDoubles(const std::vector<size_t>& members, const std::vector<Leaf>& in,
+                       double* to) {
+  for (size_t l : members) {
+    const Int* from = static_cast<const Int*>(in[l].in);
+    for (size_t i = 0; i < in[l].count; ++i) *to++ = static_cast<double>(from[i]);
+  }
+}
+
+template <typename Int>
+void DoublesToIntegers(const double* from, double scale, const std::vector<size_t>& members,
+                       const std::vector<Leaf>& out) {
+  for (size_t l : members) {
+    Int* to = static_cast<Int*>(out[l].out);
+    // nearbyint: the default rounding mode, to nearest with ties to even.
+    for (size_t i = 0; i < out[l].count; ++i) {
+      to[i] = static_cast<Int>(std::nearbyint(*from++ * scale));
+    }
+  }
+}
+
+// The mean of integer leaves, summed in float64 like every integer average:
+// an int32 sum over the ranks need not fit in int32.
+ffi::Error IntegerMean(Transport* transport, const OpInfo& info, double scale,
+                       ffi::DataType type, const std::vector<size_t>& members,
+                       const std::vector<Leaf>& in, const std::vector<Leaf>& out) {
+  size_t count = 0;
+  for (size_t l : members) count += in[l].count;
+  ScratchPool::Lease values = ScratchPool::Global().Acquire(count * sizeof(double));
+  ScratchPool::Lease sums = ScratchPool::Global().Acquire(count * sizeof(double));
+  auto* packed = reinterpret_cast<double*>(values.data());
+  auto* summed = reinterpret_cast<double*>(sums.data());
+  const bool is32 = type == ffi::DataType::S32;
+  if (is32) {
+    IntegersToDoubles<int32_t>(members, in, packed);
+  } else {
+    IntegersToDoubles<int64_t>(members, in, packed);
+  }
+  JAXFOG_RETURN_IF_ERROR(transport->Allreduce(info, packed, summed, count, ffi::DataType::F64));
+  if (is32) {
+    DoublesToIntegers<int32_t>(summed, scale, members, out);
+  } else {
+    DoublesToIntegers<int64_t>(summed, scale, members, out);
+  }
+  return ffi::Error::Success();
+}
+
 // Sum or mean over all ranks, leaf by leaf in one call (one message for a
 // single leaf; a pytree is packed per dtype so each dtype is one message).
 ffi::Error Allreduce(Transport* transport, int64_t signature, bool mean,
@@ -511,6 +560,10 @@ ffi::Error Allreduce(Transport* transport, int64_t signature, bool mean,
         members.push_back(l);
         count += in[l].count;
       }
+    }
+    if (mean && (type == ffi::DataType::S32 || type == ffi::DataType::S64)) {
+      JAXFOG_RETURN_IF_ERROR(IntegerMean(transport, info, scale, type, members, in, out));
+      continue;
     }
     const size_t width = ffi::ByteWidth(type);
     if (members.size() == 1) {  // in place into XLA's output: no packing pass
