@@ -27,9 +27,9 @@ def test_mpi_and_simulation_agree():
 
 
 @mpi_test(nprocs=(4,), env={"JAXFOG_NODES_PER_MACHINE": "2"})
-def test_integers_agree_with_x64_off():
+def test_integers_agree_with_x64_off_and_on():
     """int32 values past float32's 24 bits: both backends average in float64
-    and round half to even, also with jax_enable_x64 off (the default)."""
+    and round half to even, whether jax_enable_x64 is off (the default) or on."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -44,15 +44,18 @@ def test_integers_agree_with_x64_off():
     X = np.array([[2**30 + 1, -(2**29) + 3, 2**31 - 9], [2**29 + 7, 12345677, 2**31 - 5],
                   [-(2**30) + 9, 5, 2**30], [-(2**29) + 2, 2**29 - 1, 7]])
     ring = T.ring(n)
-    for name, fn in [("neighbor_allreduce", lambda x: jf.neighbor_allreduce(x, topology=ring)),
-                     ("allreduce mean", jf.allreduce),
-                     ("allreduce sum", lambda x: jf.allreduce(x // 8, op="sum")),
-                     ("allreduce mean, pytree", lambda x: jf.allreduce({"a": x, "b": x[:1]})[
-                         "a"]),
-                     ("hierarchical", jf.hierarchical_neighbor_allreduce)]:
-        on_mpi = jax.jit(fn)(jnp.asarray(X[r], jnp.int32))
-        simulated = jax.jit(jf.simulate(fn, n, local_size=2))(jnp.asarray(X, jnp.int32))[r]
-        assert on_mpi.dtype == simulated.dtype == jnp.int32, name
-        np.testing.assert_array_equal(on_mpi, simulated, err_msg=name)
-    np.testing.assert_array_equal(jf.allreduce(jnp.asarray(X[r], jnp.int32)),
-                                  np.rint(X.mean(0)))
+    cases = [("neighbor_allreduce", lambda x: jf.neighbor_allreduce(x, topology=ring)),
+             ("allreduce mean", jf.allreduce),
+             ("allreduce mean, pytree", lambda x: jf.allreduce({"a": x, "b": x[:1]})["a"]),
+             ("allreduce sum", lambda x: jf.allreduce(x // 8, op="sum")),
+             ("hierarchical", jf.hierarchical_neighbor_allreduce)]
+    for x64 in (False, True):
+        with jax.enable_x64(x64):
+            for name, fn in cases:
+                on_mpi = jax.jit(fn)(jnp.asarray(X[r], jnp.int32))
+                simulated = jax.jit(jf.simulate(fn, n, local_size=2))(
+                    jnp.asarray(X, jnp.int32))[r]
+                assert on_mpi.dtype == simulated.dtype == jnp.int32, name
+                np.testing.assert_array_equal(on_mpi, simulated, err_msg=f"{name}, x64={x64}")
+            np.testing.assert_array_equal(jf.allreduce(jnp.asarray(X[r], jnp.int32)),
+                                          np.rint(X.mean(0)))

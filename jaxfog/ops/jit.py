@@ -170,6 +170,22 @@ def jit(fn: Callable | None = None, /, **jit_kwargs: Any) -> Any:
     Dispatch the compiled function from one thread: the order of calls is the
     order of communication on every rank. Under ``grad``, ``vmap`` or an
     enclosing ``jit`` it behaves exactly like ``jax.jit``.
+
+    Args:
+      fn: the function to compile; omitted when used as
+        ``@jaxfog.jit(**jit_kwargs)``.
+      **jit_kwargs: any keyword argument of ``jax.jit``.
+
+    Returns:
+      The compiled function (or, without ``fn``, a decorator).
+
+    Example::
+
+        @jaxfog.jit
+        def step(params, opt_state, batch):
+            grads = jax.grad(loss)(params, batch)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
     """
     if fn is None:
         return functools.partial(jit, **jit_kwargs)
