@@ -87,3 +87,18 @@ def test_every_module_imports_alone():
             if run.returncode:
                 failures.append(f"{m}:\n{err[-2000:]}")
     assert not failures, "\n".join(failures)
+
+
+def test_public_names_resolve_and_backends_implement_every_op():
+    import jaxfog
+    import jaxfog.ops
+    from jaxfog.ops import backends
+
+    for name in jaxfog.__all__:
+        assert getattr(jaxfog, name) is not None, name
+    assert set(jaxfog._OPS) == set(jaxfog.ops.__all__) - {"comm_rank", "comm_size"}
+    ops = {name for name in dir(backends.Backend) if not name.startswith("_")}
+    assert set(jaxfog._OPS) <= ops
+    for backend in (backends.mpi.MpiBackend, backends.simulated.SimulatedBackend):
+        missing = {op for op in ops if not callable(getattr(backend, op, None))}
+        assert not missing, f"{backend.__name__} lacks {sorted(missing)}"
