@@ -89,6 +89,14 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_mpi_library_version.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.jaxfog_mpi_library_version.restype = ctypes.c_int
     lib.jaxfog_mpi_query_thread.restype = ctypes.c_int
+    lib.jaxfog_win_create.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int64,
+                                      ctypes.c_int64, ctypes.c_char_p, ctypes.c_int]
+    lib.jaxfog_win_create.restype = ctypes.c_int
+    lib.jaxfog_win_fill.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                    ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    lib.jaxfog_win_fill.restype = ctypes.c_int
+    lib.jaxfog_win_free.argtypes = [ctypes.c_int64]
+    lib.jaxfog_win_free.restype = ctypes.c_int
     lib.jaxfog_build_info.restype = ctypes.c_char_p
     lib.jaxfog_op_table.restype = ctypes.c_char_p
     _check_same_mpi(lib)

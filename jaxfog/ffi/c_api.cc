@@ -14,6 +14,7 @@
 #include "comm_thread.h"
 #include "mpi_status.h"
 #include "mpi_transport.h"
+#include "mpi_window.h"
 #include "ops.h"
 #include "registry.h"
 #include "timeline.h"
@@ -59,7 +60,7 @@ __attribute__((visibility("default"))) int jaxfog_register_mpi_comm(
     CopyMessage(transport.error().message(), error, error_length);
     return 1;
   }
-  jaxfog::RegisterTransport(id, std::move(*transport));
+  jaxfog::Registry<jaxfog::Transport>::Global().Add(id, std::move(*transport));
   return 0;
 }
 
@@ -73,7 +74,7 @@ __attribute__((visibility("default"))) int jaxfog_release_comm(int64_t id) {
     std::string error;
     if (!jaxfog::timeline::Flush(&error)) std::fprintf(stderr, "warning: %s\n", error.c_str());
   }
-  return jaxfog::ReleaseTransport(id) ? 0 : 1;
+  return jaxfog::Registry<jaxfog::Transport>::Global().Take(id) ? 0 : 1;
 }
 
 // Starts the op timeline (JAXFOG_TIMELINE) for world rank `rank`; an empty
@@ -170,3 +171,59 @@ __attribute__((visibility("default"))) const char* jaxfog_op_table() {
 }
 
 }  // extern "C"
+
+// One-sided windows (collective create/free, from jaxfog.win_create/win_free).
+
+// Allocates window `id` on communicator `fortran_comm`: 1 + `slots` regions of
+// `region_bytes`. Collective. Returns 0, or 1 with the reason in `error`.
+extern "C" __attribute__((visibility("default"))) int jaxfog_win_create(
+    int64_t id, int fortran_comm, int64_t region_bytes, int64_t slots, char* error,
+    int error_length) {
+  auto window = jaxfog::MpiWindow::Create(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm)),
+                                          static_cast<size_t>(region_bytes), slots);
+  if (window.has_error()) {
+    CopyMessage(window.error().message(), error, error_length);
+    return 1;
+  }
+  jaxfog::Registry<jaxfog::Window>::Global().Add(id, std::move(*window));
+  return 0;
+}
+
+// Writes `bytes` (one region's message) into this rank's published region
+// and, with `fill_slots`, into every slot (otherwise the slots are zeroed).
+extern "C" __attribute__((visibility("default"))) int jaxfog_win_fill(
+    int64_t id, const void* data, int64_t bytes, int fill_slots, char* error,
+    int error_length) {
+  auto window = jaxfog::LookupWindow(id);
+  if (window.has_error()) {
+    CopyMessage(window.error().message(), error, error_length);
+    return 1;
+  }
+  jaxfog::Window* w = *window;
+  if (static_cast<size_t>(bytes) != w->region_bytes()) {
+    CopyMessage("win_fill: wrong size", error, error_length);
+    return 1;
+  }
+  xla::ffi::Error result = w->Local([&](char* base) {
+    for (int64_t r = 0; r <= w->slots(); ++r) {
+      char* region = base + r * bytes;
+      if (r == 0 || fill_slots) {
+        std::memcpy(region, data, static_cast<size_t>(bytes));
+      } else {
+        std::memset(region, 0, static_cast<size_t>(bytes));
+      }
+    }
+    return xla::ffi::Error::Success();
+  });
+  if (!result.success()) {
+    CopyMessage(result.message(), error, error_length);
+    return 1;
+  }
+  return 0;
+}
+
+// Frees window `id` once queued communication has finished. Collective.
+extern "C" __attribute__((visibility("default"))) int jaxfog_win_free(int64_t id) {
+  jaxfog::CommThread::Global().Drain();
+  return jaxfog::Registry<jaxfog::Window>::Global().Take(id) ? 0 : 1;
+}

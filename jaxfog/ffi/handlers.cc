@@ -24,6 +24,7 @@
 #include "status.h"
 #include "timeline.h"
 #include "transport.h"
+#include "window.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxfog {
@@ -685,6 +686,152 @@ ffi::ErrorOr<Job> AllgatherJob(int64_t comm_id, int64_t signature, ffi::Token,
 template <>
 struct Handler<OpCode::kAllgather> : Async<AllgatherJob> {
   static auto Bind() { return PytreeOp(Keyed()); }
+};
+
+// --- one-sided windows ------------------------------------------------------
+
+// A window op's call: the window, its leaves (laid out as the window's
+// regions: the same count and bytes, in order) and their offsets.
+struct WindowCall {
+  Window* window;
+  std::vector<Leaf> in, out;
+  std::vector<size_t> offsets;
+};
+
+ffi::ErrorOr<WindowCall> DecodeWindow(int64_t win_id, ffi::RemainingArgs args,
+                                      ffi::RemainingRets rets, OpCode op) {
+  JAXFOG_ASSIGN_OR_RETURN(window, LookupWindow(win_id));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, OpName(op)));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  std::vector<size_t> offsets;
+  if (Layout(in, &offsets) != window->region_bytes()) {
+    return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument(
+        std::string("jaxfog ") + OpName(op) + ": the value does not have the window's layout"));
+  }
+  return WindowCall{window, std::move(in), std::move(out), std::move(offsets)};
+}
+
+// win_put / win_accumulate: w_j * x into (or onto) my slot on each destination
+// j, my published value := x; returns self_weight * x.
+template <bool kAccumulate>
+ffi::ErrorOr<Job> WinPutJob(int64_t win_id, double self_weight, I64s dst_ranks, I64s dst_regions,
+                            F64s dst_weights, ffi::Token, ffi::RemainingArgs args,
+                            ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
+  const char* op = kAccumulate ? "win_accumulate" : "win_put";
+  JAXFOG_ASSIGN_OR_RETURN(
+      call, DecodeWindow(win_id, args, rets, kAccumulate ? OpCode::kWinAccumulate : OpCode::kWinPut));
+  Window* window = call.window;
+  const std::vector<Leaf>& in = call.in;
+  const std::vector<Leaf>& out = call.out;
+  const std::vector<size_t>& offsets = call.offsets;
+  if (dst_ranks.size() != dst_regions.size() || dst_ranks.size() != dst_weights.size()) {
+    return ffi::Unexpected<ffi::Error>(
+        ffi::Error::InvalidArgument(std::string("jaxfog ") + op + ": malformed destinations"));
+  }
+  std::vector<int64_t> ranks(dst_ranks.begin(), dst_ranks.end());
+  std::vector<int64_t> regions(dst_regions.begin(), dst_regions.end());
+  std::vector<double> weights(dst_weights.begin(), dst_weights.end());
+  return Job{TotalBytes(in), [=]() -> ffi::Error {
+    timeline::Span span(op, timeline::Span::kOp);
+    ScratchPool::Lease scaled = ScratchPool::Global().Acquire(window->region_bytes());
+    for (size_t d = 0; d < ranks.size(); ++d) {
+      std::vector<TypedRun> runs;
+      for (size_t l = 0; l < in.size(); ++l) {
+        const void* data = in[l].in;
+        if (weights[d] != 1.0) {
+          JAXFOG_RETURN_IF_ERROR(WeightedSum(in[l].type, in[l].count, scaled.data() + offsets[l],
+                                             in[l].in, weights[d], {}, {}));
+          data = scaled.data() + offsets[l];
+        }
+        runs.push_back({in[l].type, offsets[l], data, in[l].bytes});
+      }
+      JAXFOG_RETURN_IF_ERROR(
+          window->Put(static_cast<int>(ranks[d]), regions[d], runs, kAccumulate));
+    }
+    JAXFOG_RETURN_IF_ERROR(window->Local([&](char* base) {
+      for (size_t l = 0; l < in.size(); ++l) {
+        if (in[l].bytes) std::memcpy(base + offsets[l], in[l].in, in[l].bytes);
+      }
+      return ffi::Error::Success();
+    }));
+    for (size_t l = 0; l < in.size(); ++l) {
+      JAXFOG_RETURN_IF_ERROR(
+          WeightedSum(in[l].type, in[l].count, out[l].out, in[l].in, self_weight, {}, {}));
+    }
+    return ffi::Error::Success();
+  }};
+}
+
+// Every window op starts with its window and the weight of the local value.
+auto WindowOp() { return ffi::Ffi::Bind().Attr<int64_t>("win_id").Attr<double>("self_weight"); }
+
+auto WinPutBinding() {
+  return PytreeOp(WindowOp()
+                      .Attr<I64s>("dst_ranks")
+                      .Attr<I64s>("dst_regions")
+                      .Attr<F64s>("dst_weights"));
+}
+
+template <>
+struct Handler<OpCode::kWinPut> : Async<WinPutJob<false>> {
+  static auto Bind() { return WinPutBinding(); }
+};
+template <>
+struct Handler<OpCode::kWinAccumulate> : Async<WinPutJob<true>> {
+  static auto Bind() { return WinPutBinding(); }
+};
+
+// win_update: self_weight * x + sum_j w_j * slot_j, read under the window's
+// local lock; my published value := the result; `reset` zeroes the slots read.
+ffi::ErrorOr<Job> WinUpdateJob(int64_t win_id, double self_weight, I64s src_regions,
+                               F64s src_weights, bool reset, ffi::Token, ffi::RemainingArgs args,
+                               ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(call, DecodeWindow(win_id, args, rets, OpCode::kWinUpdate));
+  Window* window = call.window;
+  const std::vector<Leaf>& in = call.in;
+  const std::vector<Leaf>& out = call.out;
+  const std::vector<size_t>& offsets = call.offsets;
+  if (src_regions.size() != src_weights.size()) {
+    return ffi::Unexpected<ffi::Error>(
+        ffi::Error::InvalidArgument("jaxfog win_update: malformed sources"));
+  }
+  std::vector<int64_t> regions(src_regions.begin(), src_regions.end());
+  std::vector<double> weights(src_weights.begin(), src_weights.end());
+  for (int64_t region : regions) {
+    if (region < 1 || region > window->slots()) {
+      return ffi::Unexpected<ffi::Error>(
+          ffi::Error::InvalidArgument("jaxfog win_update: slot out of range"));
+    }
+  }
+  return Job{TotalBytes(in), [=]() -> ffi::Error {
+    timeline::Span span("win_update", timeline::Span::kOp);
+    const size_t region_bytes = window->region_bytes();
+    return window->Local([&](char* base) {
+      std::vector<const void*> others(regions.size());
+      for (size_t l = 0; l < in.size(); ++l) {
+        for (size_t j = 0; j < regions.size(); ++j) {
+          others[j] = base + regions[j] * region_bytes + offsets[l];
+        }
+        JAXFOG_RETURN_IF_ERROR(WeightedSum(in[l].type, in[l].count, out[l].out, in[l].in,
+                                           self_weight, others, weights));
+        if (in[l].bytes) std::memcpy(base + offsets[l], out[l].out, in[l].bytes);
+      }
+      if (reset) {
+        for (int64_t region : regions) std::memset(base + region * region_bytes, 0, region_bytes);
+      }
+      return ffi::Error::Success();
+    });
+  }};
+}
+
+template <>
+struct Handler<OpCode::kWinUpdate> : Async<WinUpdateJob> {
+  static auto Bind() {
+    return PytreeOp(WindowOp()
+                        .Attr<I64s>("src_regions")
+                        .Attr<F64s>("src_weights")
+                        .Attr<bool>("reset"));
+  }
 };
 
 }  // namespace

@@ -278,20 +278,6 @@ ffi::Error RequestSet::WaitAll(double timeout_seconds, const std::string& what,
   }
 }
 
-MPI_Datatype MpiType(ffi::DataType type) {
-  switch (type) {
-    case ffi::DataType::F32: return MPI_FLOAT;
-    case ffi::DataType::F64: return MPI_DOUBLE;
-    case ffi::DataType::C64: return MPI_C_FLOAT_COMPLEX;
-    case ffi::DataType::C128: return MPI_C_DOUBLE_COMPLEX;
-    case ffi::DataType::S32: return MPI_INT32_T;
-    case ffi::DataType::S64: return MPI_INT64_T;
-    case ffi::DataType::F16:
-    case ffi::DataType::BF16: return MPI_UINT16_T;
-    default: return MPI_DATATYPE_NULL;
-  }
-}
-
 }  // namespace
 
 MpiTransport::MpiTransport(MPI_Comm comm, double timeout_seconds, size_t max_message_bytes)

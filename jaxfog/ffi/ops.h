@@ -20,7 +20,10 @@
   X(neighbor_reduce_scatter, NeighborReduceScatter, 3, "neighbor_allgather (transpose)") \
   X(allreduce, Allreduce, 4, "allreduce")                                               \
   X(broadcast, Broadcast, 5, "broadcast")                                               \
-  X(allgather, Allgather, 6, "allgather")
+  X(allgather, Allgather, 6, "allgather")                                               \
+  X(win_put, WinPut, 11, "win_put")                                                     \
+  X(win_accumulate, WinAccumulate, 12, "win_accumulate")                                \
+  X(win_update, WinUpdate, 13, "win_update")
 
 namespace jaxfog {
 

@@ -232,3 +232,35 @@ fence_p.def_effectful_abstract_eval(
     lambda: (core.ShapedArray((), jnp.int32), {comm_effect}))
 mlir.register_lowering(
     fence_p, lambda ctx: lower_comm_call(ctx, fence_p.name, [], {}), platform="cpu")
+
+
+# --- one-sided windows --------------------------------------------------------
+
+
+def _window_attributes(avals_in, **params) -> dict:
+    """Static tuples become the handler's array attributes (ranks and regions
+    int64, weights float64)."""
+    def attribute(key, value):
+        if not isinstance(value, tuple):
+            return value
+        return np.array(value, np.float64 if key.endswith("weights") else np.int64)
+
+    return {key: attribute(key, value) for key, value in params.items()}
+
+
+def _not_differentiable(prim):
+    def jvp(primals, tangents, **params):
+        raise TypeError(f"jaxfog.{prim.name.removeprefix('jaxfog_')} is not differentiable: "
+                        "it writes into other ranks' windows, a side effect with no "
+                        "tangent; differentiate the local computation around it")
+
+    return jvp
+
+
+# win_put / win_accumulate: the leaves go to the destinations' slots; the
+# result is self_weight * x. win_update: the weighted sum with the slots.
+win_put_p = define("win_put", _same_avals, _window_attributes)
+win_accumulate_p = define("win_accumulate", _same_avals, _window_attributes)
+win_update_p = define("win_update", _same_avals, _window_attributes)
+for _prim in (win_put_p, win_accumulate_p, win_update_p):
+    ad.primitive_jvps[_prim] = _not_differentiable(_prim)
