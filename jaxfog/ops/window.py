@@ -147,6 +147,16 @@ def win_free(name: str | None = None) -> bool:
     return True
 
 
+def _free_at_shutdown() -> None:
+    """``shutdown()`` frees the windows still open (every rank shuts down, so
+    the collective free is matched), before MPI is finalised."""
+    if _windows:
+        win_free()
+
+
+runtime._before_shutdown.append(_free_at_shutdown)
+
+
 def _put(prim, x: Any, name: str, self_weight: float | None,
          dst_weights: Mapping[int, float] | Sequence[int] | None, what: str) -> Any:
     window = _window(name, what)
