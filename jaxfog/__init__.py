@@ -49,9 +49,9 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Agents", "NotInitializedError", *_OPS, "in_neighbor_ranks", "init", "is_homogeneous",
-    "is_initialized", "jit", "load_machine_topology", "load_topology", "local_rank",
-    "local_size",
-    "machine_rank", "machine_size", "out_neighbor_ranks", "rank", "set_machine_topology",
-    "set_topology", "shutdown", "simulate", "size", "topology",
+    "Agents", "NotInitializedError", *_OPS, "async_min_bytes", "in_neighbor_ranks", "init",
+    "is_homogeneous", "is_initialized", "jit", "load_machine_topology", "load_topology",
+    "local_rank", "local_size", "machine_rank", "machine_size", "out_neighbor_ranks", "rank",
+    "set_async_min_bytes", "set_machine_topology", "set_topology", "shutdown", "simulate",
+    "size", "topology",
 ]

@@ -4,6 +4,7 @@ import each other without cycles and only at module level."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "jaxfog"
 
 
+@functools.cache
 def _modules() -> dict[str, Path]:
     modules = {}
     for path in sorted(PACKAGE.rglob("*.py")):

@@ -717,9 +717,9 @@ template <bool kAccumulate>
 ffi::ErrorOr<Job> WinPutJob(int64_t win_id, double self_weight, I64s dst_ranks, I64s dst_regions,
                             F64s dst_weights, ffi::Token, ffi::RemainingArgs args,
                             ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
-  const char* op = kAccumulate ? "win_accumulate" : "win_put";
-  JAXFOG_ASSIGN_OR_RETURN(
-      call, DecodeWindow(win_id, args, rets, kAccumulate ? OpCode::kWinAccumulate : OpCode::kWinPut));
+  constexpr OpCode kOp = kAccumulate ? OpCode::kWinAccumulate : OpCode::kWinPut;
+  const char* op = OpName(kOp);
+  JAXFOG_ASSIGN_OR_RETURN(call, DecodeWindow(win_id, args, rets, kOp));
   Window* window = call.window;
   const std::vector<Leaf>& in = call.in;
   const std::vector<Leaf>& out = call.out;
@@ -733,7 +733,10 @@ ffi::ErrorOr<Job> WinPutJob(int64_t win_id, double self_weight, I64s dst_ranks, 
   std::vector<double> weights(dst_weights.begin(), dst_weights.end());
   return Job{TotalBytes(in), [=]() -> ffi::Error {
     timeline::Span span(op, timeline::Span::kOp);
-    ScratchPool::Lease scaled = ScratchPool::Global().Acquire(window->region_bytes());
+    // A scaled copy only when some destination's weight is not 1.
+    const bool scales = std::any_of(weights.begin(), weights.end(),
+                                    [](double w) { return w != 1.0; });
+    ScratchPool::Lease scaled = ScratchPool::Global().Acquire(scales ? window->region_bytes() : 0);
     for (size_t d = 0; d < ranks.size(); ++d) {
       std::vector<TypedRun> runs;
       for (size_t l = 0; l < in.size(); ++l) {

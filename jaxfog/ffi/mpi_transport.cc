@@ -378,7 +378,9 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
     JAXFOG_RETURN_IF_ERROR(post_data(recv.pieces, recv.peer, false));
   }
   recv_first.push_back(data_requests.size());
-  for (const SendSpec& send : sends) JAXFOG_RETURN_IF_ERROR(post_data(send.pieces, send.peer, true));
+  for (const SendSpec& send : sends) {
+    JAXFOG_RETURN_IF_ERROR(post_data(send.pieces, send.peer, true));
+  }
   const int64_t posted = post.End();  // the waits start here
   std::vector<int64_t> header_done, data_done;
   // Headers first: a peer in another op, or with another shape, is named

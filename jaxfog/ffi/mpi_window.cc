@@ -45,14 +45,18 @@ ffi::ErrorOr<std::unique_ptr<MpiWindow>> MpiWindow::Create(MPI_Comm comm, size_t
     return ffi::Unexpected<ffi::Error>(CheckMpi(code, std::string("win_create: ") + call));
   };
   int rank = 0;
-  if (int code = MPI_Comm_rank(comm, &rank); code != MPI_SUCCESS) return fail(code, "MPI_Comm_rank");
+  if (int code = MPI_Comm_rank(comm, &rank); code != MPI_SUCCESS) {
+    return fail(code, "MPI_Comm_rank");
+  }
   const size_t bytes = region_bytes * static_cast<size_t>(1 + slots);
   if (bytes > static_cast<size_t>(LLONG_MAX)) {
     return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument("win_create: too large"));
   }
   // Every rank's slot count, to check a region before touching a peer's window.
   int size = 0;
-  if (int code = MPI_Comm_size(comm, &size); code != MPI_SUCCESS) return fail(code, "MPI_Comm_size");
+  if (int code = MPI_Comm_size(comm, &size); code != MPI_SUCCESS) {
+    return fail(code, "MPI_Comm_size");
+  }
   std::vector<int64_t> peer_slots(static_cast<size_t>(size));
   if (int code = MPI_Allgather(&slots, 1, MPI_INT64_T, peer_slots.data(), 1, MPI_INT64_T, comm);
       code != MPI_SUCCESS) {

@@ -69,7 +69,7 @@ def from_topology(topo: T.Topology | T.Schedule, rank: int) -> Plan:
     return Plan(tuple(self_weights), tuple(sends), tuple(recvs))
 
 
-def _weight(value: Any, what: str) -> float:
+def weight(value: Any, what: str) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} must be a real number, got {type(value).__name__} "
                         f"{value!r}")
@@ -82,13 +82,13 @@ def _weight(value: Any, what: str) -> float:
 def rank_tuple(ranks: Any, size: int, rank: int, what: str) -> tuple[int, ...]:
     """Distinct ranks other than ``rank``, each in ``[0, size)``."""
     ranks = list(ranks)
-    _ranks(ranks, size, rank, what)
+    check_ranks(ranks, size, rank, what)
     if len(set(ranks)) != len(ranks):
         raise ValueError(f"{what} lists a rank twice: {ranks}")
     return tuple(int(r) for r in ranks)
 
 
-def _ranks(ranks: Any, size: int, rank: int, what: str) -> None:
+def check_ranks(ranks: Any, size: int, rank: int, what: str) -> None:
     for r in ranks:
         if isinstance(r, (bool, np.bool_)) or not isinstance(r, numbers.Integral):
             raise TypeError(f"{what}: rank {r!r} is not an integer")
@@ -99,9 +99,9 @@ def _ranks(ranks: Any, size: int, rank: int, what: str) -> None:
                              "self_weight)")
 
 
-def _weights_dict(weights: Any, what: str, allow_list: bool) -> dict[int, float]:
+def weights_dict(weights: Any, what: str, allow_list: bool) -> dict[int, float]:
     if isinstance(weights, Mapping):
-        return {k: _weight(v, f"{what}[{k}]") for k, v in weights.items()}
+        return {k: weight(v, f"{what}[{k}]") for k, v in weights.items()}
     if allow_list and isinstance(weights, (list, tuple)):
         if len(set(weights)) != len(weights):
             raise ValueError(f"{what} lists a rank twice: {list(weights)}")
@@ -131,13 +131,13 @@ def from_local_view(topo: T.Topology, rank: int, self_weight: Any, src_weights: 
     * push-pull (self + src + dst): any ranks, empty lists allowed.
     """
     size = topo.size
-    self_w = _weight(self_weight, "self_weight")
-    src = None if src_weights is None else _weights_dict(src_weights, "src_weights", False)
-    dst = None if dst_weights is None else _weights_dict(dst_weights, "dst_weights", True)
+    self_w = weight(self_weight, "self_weight")
+    src = None if src_weights is None else weights_dict(src_weights, "src_weights", False)
+    dst = None if dst_weights is None else weights_dict(dst_weights, "dst_weights", True)
     if src is not None:
-        _ranks(src, size, rank, "src_weights")
+        check_ranks(src, size, rank, "src_weights")
     if dst is not None:
-        _ranks(dst, size, rank, "dst_weights")
+        check_ranks(dst, size, rank, "dst_weights")
     if dst is None:  # pull: the static graph says where to send
         _must_be_static(src, topo.in_neighbors(rank), rank, "src_weights", "in", "dst_weights")
         dst = {i: 1.0 for i in topo.out_neighbors(rank)}

@@ -78,7 +78,7 @@ def _window(name: str, what: str) -> _Window:
     return _windows[name]
 
 
-def _check_value(window: _Window, leaves, treedef, avals, what: str) -> None:
+def _check_value(window: _Window, treedef, avals, what: str) -> None:
     if treedef != window.treedef or avals != window.avals:
         raise ValueError(f"{what}: the value does not match window {window.name!r}: it has "
                          f"{[(s, str(d)) for s, d in avals]}, the window "
@@ -161,20 +161,20 @@ def _put(prim, x: Any, name: str, self_weight: float | None,
          dst_weights: Mapping[int, float] | Sequence[int] | None, what: str) -> Any:
     window = _window(name, what)
     leaves, treedef, avals = _layout(x, what)
-    _check_value(window, leaves, treedef, avals, what)
+    _check_value(window, treedef, avals, what)
     rank = runtime.rank()
     if dst_weights is None:
         dsts = {d: 1.0 for d in runtime.load_topology().out_neighbors(rank)}
     else:
-        dsts = _plan._weights_dict(dst_weights, f"{what}: dst_weights", allow_list=True)
-        _plan._ranks(dsts, runtime.size(), rank, f"{what}: dst_weights")
+        dsts = _plan.weights_dict(dst_weights, f"{what}: dst_weights", allow_list=True)
+        _plan.check_ranks(dsts, runtime.size(), rank, f"{what}: dst_weights")
     missing = [d for d in dsts if rank not in window.region_of[d]]
     if missing:
         raise ValueError(f"{what}: ranks {missing} hold no slot for rank {rank} in window "
                          f"{name!r}; declare src_ranks at win_create")
     ranks = sorted(dsts)
     outs = prim.bind(*leaves, win_id=window.id,
-                     self_weight=_plan._weight(1.0 if self_weight is None else self_weight,
+                     self_weight=_plan.weight(1.0 if self_weight is None else self_weight,
                                                f"{what}: self_weight"),
                      dst_ranks=tuple(ranks),
                      dst_regions=tuple(window.region_of[d][rank] for d in ranks),
@@ -215,7 +215,7 @@ def win_update(x: Any, name: str, *, self_weight: float | None = None,
     what = "win_update"
     window = _window(name, what)
     leaves, treedef, avals = _layout(x, what)
-    _check_value(window, leaves, treedef, avals, what)
+    _check_value(window, treedef, avals, what)
     rank, topology = runtime.rank(), runtime.load_topology()
     if tuple(topology.in_neighbors(rank)) == window.sources:
         default_self = float(topology.weights[rank, rank])
@@ -223,7 +223,7 @@ def win_update(x: Any, name: str, *, self_weight: float | None = None,
     else:
         default_self = 1.0 / (len(window.sources) + 1)
         default = {j: default_self for j in window.sources}
-    srcs = default if src_weights is None else _plan._weights_dict(
+    srcs = default if src_weights is None else _plan.weights_dict(
         src_weights, f"{what}: src_weights", allow_list=False)
     unknown = sorted(set(srcs) - set(window.sources))
     if unknown:
@@ -233,7 +233,7 @@ def win_update(x: Any, name: str, *, self_weight: float | None = None,
     slot = {j: 1 + i for i, j in enumerate(window.sources)}
     outs = P.win_update_p.bind(
         *leaves, win_id=window.id,
-        self_weight=_plan._weight(default_self if self_weight is None else self_weight,
+        self_weight=_plan.weight(default_self if self_weight is None else self_weight,
                                   f"{what}: self_weight"),
         src_regions=tuple(slot[j] for j in ranks),
         src_weights=tuple(float(srcs[j]) for j in ranks), reset=bool(reset))
