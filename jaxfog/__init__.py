@@ -36,9 +36,11 @@ __version__ = "0.1.0"
 # `jaxfog run` launcher) stays light.
 _OPS = ("allgather", "allreduce", "barrier", "broadcast", "hierarchical_neighbor_allreduce",
         "neighbor_allgather", "neighbor_allreduce")
+_WINDOW_OPS = ("win_accumulate", "win_create", "win_free", "win_get", "win_mutex", "win_put",
+               "win_update", "win_update_then_collect", "win_version", "win_weight")
 _LAZY = {"ops": "jaxfog.ops", "simulate": "jaxfog.sim", "Agents": "jaxfog.sim",
          "jit": "jaxfog.ops.jit",
-         **{name: "jaxfog.ops" for name in _OPS}}
+         **{name: "jaxfog.ops" for name in _OPS + _WINDOW_OPS}}
 
 
 def __getattr__(name: str) -> Any:
@@ -49,7 +51,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Agents", "NotInitializedError", *_OPS, "async_min_bytes", "in_neighbor_ranks", "init",
+    "Agents", "NotInitializedError", *_OPS, *_WINDOW_OPS, "async_min_bytes", "in_neighbor_ranks", "init",
     "is_homogeneous", "is_initialized", "jit", "load_machine_topology", "load_topology",
     "local_rank", "local_size", "machine_rank", "machine_size", "out_neighbor_ranks", "rank",
     "set_async_min_bytes", "set_machine_topology", "set_topology", "shutdown", "simulate",

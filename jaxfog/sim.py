@@ -21,6 +21,7 @@ import numpy as np
 from jaxfog import _context, runtime
 from jaxfog import topology as T
 from jaxfog.ops import allreduce
+from jaxfog.ops.backends import simulated_windows as windows
 from jaxfog.ops.jit import jit
 
 #: Name of the vmapped agent axis (override with ``simulate(axis_name=...)``).
@@ -77,11 +78,28 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
     simulation = _context.Simulation(axis_name, n, topology, int(local_size), machine_topology)
 
     @functools.wraps(fn)
-    def per_agent(*args, **kwargs):
-        with _context.simulating(simulation):
-            return fn(*args, **kwargs)
+    def run(*args, **kwargs):
+        # The windows that exist go in as this call's references (one view per
+        # agent); the ones it creates come out as stacked states, kept after.
+        refs = windows.kept_refs()
+        sessions = []
 
-    return jax.vmap(per_agent, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name)
+        def per_agent(refs, *args, **kwargs):
+            with _context.simulating(simulation), windows.bound(refs) as session:
+                out = fn(*args, **kwargs)
+            sessions.append(session)
+            return out, windows.created_states(session)
+
+        axes = (0, *in_axes) if isinstance(in_axes, (tuple, list)) else (
+            (0,) + (in_axes,) * len(args))
+        out, created = jax.vmap(per_agent, in_axes=axes, out_axes=(out_axes, 0),
+                                axis_name=axis_name)(refs, *args, **kwargs)
+        session = sessions[-1]
+        windows.keep({name: session.windows[name].spec for name in created}, created,
+                     session.freed)
+        return out
+
+    return run
 
 
 class Agents:

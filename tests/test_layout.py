@@ -98,7 +98,8 @@ def test_public_names_resolve_and_backends_implement_every_op():
 
     for name in jaxfog.__all__:
         assert getattr(jaxfog, name) is not None, name
-    assert set(jaxfog._OPS) == set(jaxfog.ops.__all__) - {"comm_rank", "comm_size"}
+    assert set(jaxfog._OPS) | set(jaxfog._WINDOW_OPS) == set(jaxfog.ops.__all__) - {
+        "comm_rank", "comm_size"}
     ops = {name for name in dir(backends.Backend) if not name.startswith("_")}
     assert set(jaxfog._OPS) <= ops
     for backend in (backends.mpi.MpiBackend, backends.simulated.SimulatedBackend):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from jaxfog.testing import run_mpi
 from mpi_harness import mpi_test
 
 
@@ -90,7 +93,7 @@ def test_window_errors():
         (ValueError, "out of range", lambda: W.win_put(x, "w", dst_weights=[7])),
         (ValueError, "holds no slot for ranks", lambda: W.win_update(
             x, "u", src_weights={(r + 1) % 3: 1.0})),
-        (ValueError, "hold no slot for rank", lambda: W.win_put(
+        (ValueError, "holds no slot for rank", lambda: W.win_put(
             x, "u", dst_weights=[(r - 1) % 3])),
         (ValueError, "exists already", lambda: W.win_create(x, "w")),
     ]
@@ -108,3 +111,168 @@ def test_window_errors():
     with pytest.raises(ValueError, match="no window named 'w'"):
         W.win_update(x, "w")
     np.testing.assert_allclose(jf.allreduce(jnp.ones(1)), 1.0)  # still in step
+
+
+@mpi_test(nprocs=(2, 4, 5), timeout=240)
+def test_random_sequences_against_the_model():
+    """Seeded put/accumulate/get/update sequences with weights on four graphs:
+    the same per-agent code as the simulated test, against the numpy model."""
+    import jax
+    import numpy as np
+
+    import jaxfog as jf
+    from window_cases import agent_sequence, model_outputs, random_sequence
+
+    jax.config.update("jax_enable_x64", True)
+    jf.init()
+    r, n = jf.rank(), jf.size()
+    for k, topo in enumerate(_graphs(n)):
+        jf.set_topology(topo)
+        sources = (topo.weights != 0) & ~np.eye(n, dtype=bool)
+        X = np.random.default_rng(k).standard_normal((n, 3))
+        sequence = random_sequence(10 * n + k, sources, steps=12)
+        got = agent_sequence(jax.numpy.asarray(X[r]), sequence, name=f"seq{k}")
+        np.testing.assert_allclose(got, model_outputs(X, sources, sequence)[:, r], rtol=1e-12,
+                                   atol=1e-12, err_msg=topo.name)
+
+
+@mpi_test(nprocs=(3,))
+def test_get_versions_and_collect():
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog as jf
+    import jaxfog.topology as T
+    from jaxfog.ops import window as W
+
+    jf.init(topology=T.exponential(3))
+    r = jf.rank()
+    ins = T.exponential(3).in_neighbors(r)
+    x = jnp.full(2, float(r + 1))
+    W.win_create(x, "v", zero_init=True)
+    assert W.win_version("v") == {j: 0 for j in ins}
+    jf.barrier()
+    W.win_put(x, "v")
+    jf.barrier()
+    assert W.win_version("v") == {j: 1 for j in ins}
+    W.win_update(x, "v")
+    assert W.win_version("v") == {j: 0 for j in ins}
+    W.win_put(x, "v", dst_weights=[])  # publishes x, sends nothing
+    jf.barrier()
+    W.win_get("v", src_weights={j: 0.5 for j in ins})  # the sources' published values
+    assert W.win_version("v") == {j: 1 for j in ins}
+    published = {j: W.win_update(x, "v", self_weight=0.0, src_weights={j: 1.0})
+                 for j in ins}
+    for j in ins:
+        np.testing.assert_allclose(published[j], 0.5 * (j + 1))
+    jf.barrier()
+    # update_then_collect: the accumulated mass once; a second call adds nothing.
+    W.win_update_then_collect(jnp.zeros(2), "v")
+    jf.barrier()
+    W.win_accumulate(x, "v")
+    W.win_accumulate(x, "v")
+    jf.barrier()
+    np.testing.assert_allclose(W.win_update_then_collect(jnp.zeros(2), "v"),
+                               sum(2.0 * (j + 1) for j in ins))
+    np.testing.assert_allclose(W.win_update_then_collect(jnp.zeros(2), "v"), 0.0)
+    W.win_free("v")
+
+
+@mpi_test(nprocs=(3,), timeout=120)
+def test_mutex_delays_a_protected_put():
+    import time
+
+    import jax.numpy as jnp
+
+    import jaxfog as jf
+    import jaxfog.topology as T
+    from jaxfog.ops import window as W
+
+    jf.init(topology=T.fully_connected(3))
+    r = jf.rank()
+    W.win_create(jnp.zeros(4), "m")
+    W.win_put(jnp.zeros(4), "m", require_mutex=True)  # compiled before the timing
+    jf.barrier()
+    if r == 0:
+        with W.win_mutex("m", ranks=[2]):
+            jf.barrier()
+            time.sleep(1.0)
+        jf.barrier()
+    else:
+        jf.barrier()
+        start = time.perf_counter()
+        if r == 1:
+            W.win_put(jnp.ones(4), "m", require_mutex=True, dst_weights=[2])
+            jf.ops.window.win_version("m")  # waits for the put
+            elapsed = time.perf_counter() - start
+            assert elapsed >= 0.9, f"the put waited only {elapsed:.3f} s for the mutex"
+        jf.barrier()
+    W.win_free("m")
+
+
+@mpi_test(nprocs=(2, 3, 4, 5), timeout=240)
+def test_contending_mutexes_and_push_sum_conserve_mass():
+    """Every rank accumulates under its destinations' mutexes and collects
+    under its own, one rank slowed; no deadlock, and at the end (all drained)
+    sum_i x_i and sum_i p_i are what they were."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog as jf
+    import jaxfog.topology as T
+    from jaxfog.ops import window as W
+
+    jax.config.update("jax_enable_x64", True)
+    jf.init()
+    r, n = jf.rank(), jf.size()
+    topo = T.exponential(n)
+    outs = topo.out_neighbors(r)
+    share = 1.0 / (len(outs) + 1)  # column-stochastic
+    x = jnp.asarray(np.arange(3.0) + 10 * r)
+    W.win_create(x, "ps", zero_init=True, with_weight=True)
+    step = jf.jit(lambda v: W.win_update_then_collect(W.win_accumulate(
+        v, "ps", self_weight=share, dst_weights={d: share for d in outs},
+        require_mutex=True), "ps"))
+    for t in range(40):
+        x = step(x)
+        if r == n - 1 and t % 10 == 0:
+            time.sleep(0.05)
+    jf.barrier()
+    x = W.win_update_then_collect(x, "ps")  # everything that arrived
+    p = W.win_weight("ps")
+    total = jf.allreduce(jnp.concatenate([x, jnp.asarray([p])]), op="sum")
+    expected = np.concatenate([sum(np.arange(3.0) + 10 * j for j in range(n)), [n]])
+    np.testing.assert_allclose(total, expected, rtol=1e-12)
+    W.win_free("ps")
+
+
+def _dead_peer():
+    import os
+    import time
+
+    import jax.numpy as jnp
+
+    import jaxfog as jf
+    import jaxfog.topology as T
+    from jaxfog.ops import window as W
+
+    jf.init(topology=T.fully_connected(2))
+    W.win_create(jnp.zeros(1000), "d")
+    jf.barrier()
+    if jf.rank() == 1:
+        os._exit(3)
+    end = time.time() + 60
+    while time.time() < end:
+        W.win_put(jnp.ones(1000), "d", require_mutex=True)
+        W.win_version("d")
+
+
+def test_a_dead_peer_ends_the_job_not_a_hang():
+    result = run_mpi(2, Path(__file__), "_dead_peer", timeout=90,
+                     env={"JAXFOG_TIMEOUT": "5"})
+    assert not result.ok
+    assert result.returncode is not None, result.report()  # ended, not killed by the harness
+    assert result.seconds < 60, result.report()

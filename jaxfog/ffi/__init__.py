@@ -89,12 +89,15 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_mpi_library_version.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.jaxfog_mpi_library_version.restype = ctypes.c_int
     lib.jaxfog_mpi_query_thread.restype = ctypes.c_int
-    lib.jaxfog_win_create.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int64,
-                                      ctypes.c_int64, ctypes.c_char_p, ctypes.c_int]
-    lib.jaxfog_win_create.restype = ctypes.c_int
-    lib.jaxfog_win_fill.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                                    ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-    lib.jaxfog_win_fill.restype = ctypes.c_int
+    i64, ptr, err = ctypes.c_int64, ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+    lib.jaxfog_win_create.argtypes = [i64, ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, i64,
+                                      ctypes.c_double, *err]
+    lib.jaxfog_win_fill.argtypes = [i64, ptr, i64, ctypes.c_int, *err]
+    lib.jaxfog_win_state.argtypes = [i64, ptr, ctypes.POINTER(ctypes.c_double), *err]
+    lib.jaxfog_win_mutex.argtypes = [i64, ptr, i64, ctypes.c_int, *err]
+    for function in (lib.jaxfog_win_create, lib.jaxfog_win_fill, lib.jaxfog_win_state,
+                     lib.jaxfog_win_mutex):
+        function.restype = ctypes.c_int
     lib.jaxfog_win_free.argtypes = [ctypes.c_int64]
     lib.jaxfog_win_free.restype = ctypes.c_int
     lib.jaxfog_build_info.restype = ctypes.c_char_p

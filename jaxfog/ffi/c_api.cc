@@ -174,13 +174,23 @@ __attribute__((visibility("default"))) const char* jaxfog_op_table() {
 
 // One-sided windows (collective create/free, from jaxfog.win_create/win_free).
 
-// Allocates window `id` on communicator `fortran_comm`: 1 + `slots` regions of
-// `region_bytes`. Collective. Returns 0, or 1 with the reason in `error`.
+// Allocates window `id` on communicator `fortran_comm`: 1 + `slots` regions
+// of `leaves` leaves (dtype codes, offsets and sizes within a region, spanning
+// `message_bytes`) and the push-sum weight at `weight_offset` (-1: none).
+// Collective. Returns 0, or 1 with the reason in `error`.
 extern "C" __attribute__((visibility("default"))) int jaxfog_win_create(
-    int64_t id, int fortran_comm, int64_t region_bytes, int64_t slots, char* error,
-    int error_length) {
+    int64_t id, int fortran_comm, int64_t leaves, const int32_t* types, const int64_t* offsets,
+    const int64_t* bytes, int64_t message_bytes, int64_t weight_offset, int64_t slots,
+    double timeout_seconds, char* error, int error_length) {
+  jaxfog::WindowLayout layout;
+  for (int64_t l = 0; l < leaves; ++l) {
+    layout.leaves.push_back({static_cast<xla::ffi::DataType>(types[l]),
+                             static_cast<size_t>(offsets[l]), static_cast<size_t>(bytes[l])});
+  }
+  layout.message_bytes = static_cast<size_t>(message_bytes);
+  layout.weight_offset = weight_offset;
   auto window = jaxfog::MpiWindow::Create(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm)),
-                                          static_cast<size_t>(region_bytes), slots);
+                                          std::move(layout), slots, timeout_seconds);
   if (window.has_error()) {
     CopyMessage(window.error().message(), error, error_length);
     return 1;
@@ -189,37 +199,68 @@ extern "C" __attribute__((visibility("default"))) int jaxfog_win_create(
   return 0;
 }
 
-// Writes `bytes` (one region's message) into this rank's published region
-// and, with `fill_slots`, into every slot (otherwise the slots are zeroed).
-extern "C" __attribute__((visibility("default"))) int jaxfog_win_fill(
-    int64_t id, const void* data, int64_t bytes, int fill_slots, char* error,
-    int error_length) {
+namespace {
+
+// Runs `access` on window `id`, or returns 1 with the reason in `error`.
+template <typename Access>
+int OnWindow(int64_t id, char* error, int error_length, Access access) {
   auto window = jaxfog::LookupWindow(id);
-  if (window.has_error()) {
-    CopyMessage(window.error().message(), error, error_length);
-    return 1;
-  }
-  jaxfog::Window* w = *window;
-  if (static_cast<size_t>(bytes) != w->region_bytes()) {
-    CopyMessage("win_fill: wrong size", error, error_length);
-    return 1;
-  }
-  xla::ffi::Error result = w->Local([&](char* base) {
-    for (int64_t r = 0; r <= w->slots(); ++r) {
-      char* region = base + r * bytes;
-      if (r == 0 || fill_slots) {
-        std::memcpy(region, data, static_cast<size_t>(bytes));
-      } else {
-        std::memset(region, 0, static_cast<size_t>(bytes));
-      }
-    }
-    return xla::ffi::Error::Success();
-  });
+  xla::ffi::Error result =
+      window.has_error() ? window.error() : access(static_cast<jaxfog::Window*>(*window));
   if (!result.success()) {
     CopyMessage(result.message(), error, error_length);
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+// Writes `bytes` (one region) into this rank's published region and, with
+// `fill_slots`, into every slot (otherwise the slots are zeroed).
+extern "C" __attribute__((visibility("default"))) int jaxfog_win_fill(
+    int64_t id, const void* data, int64_t bytes, int fill_slots, char* error,
+    int error_length) {
+  return OnWindow(id, error, error_length, [&](jaxfog::Window* w) {
+    if (static_cast<size_t>(bytes) != w->region_bytes()) {
+      return xla::ffi::Error::InvalidArgument("win_fill: wrong size");
+    }
+    return w->Local([&](char* base, int64_t*) {
+      for (int64_t r = 0; r <= w->slots(); ++r) {
+        char* region = base + r * bytes;
+        if (r == 0 || fill_slots) {
+          std::memcpy(region, data, static_cast<size_t>(bytes));
+        } else {
+          std::memset(region, 0, static_cast<size_t>(bytes));
+        }
+      }
+      return xla::ffi::Error::Success();
+    });
+  });
+}
+
+// This rank's version counters (one per slot) and push-sum weight (0 without).
+extern "C" __attribute__((visibility("default"))) int jaxfog_win_state(
+    int64_t id, int64_t* versions, double* weight, char* error, int error_length) {
+  return OnWindow(id, error, error_length, [&](jaxfog::Window* w) {
+    return w->Local([&](char* base, int64_t* control) {
+      std::copy(control + 1, control + 1 + w->slots(), versions);
+      *weight = w->has_weight()
+                    ? *reinterpret_cast<const double*>(base + w->layout().weight_offset)
+                    : 0.0;
+      return xla::ffi::Error::Success();
+    });
+  });
+}
+
+// Takes (`acquire`) or gives back the mutexes of `ranks` on window `id`.
+extern "C" __attribute__((visibility("default"))) int jaxfog_win_mutex(
+    int64_t id, const int64_t* ranks, int64_t count, int acquire, char* error,
+    int error_length) {
+  return OnWindow(id, error, error_length, [&](jaxfog::Window* w) {
+    std::vector<int> peers(ranks, ranks + count);
+    return acquire ? w->Acquire(std::move(peers)) : w->Release(std::move(peers));
+  });
 }
 
 // Frees window `id` once queued communication has finished. Collective.

@@ -690,12 +690,11 @@ struct Handler<OpCode::kAllgather> : Async<AllgatherJob> {
 
 // --- one-sided windows ------------------------------------------------------
 
-// A window op's call: the window, its leaves (laid out as the window's
-// regions: the same count and bytes, in order) and their offsets.
+// A window op's call: the window and its leaves (which must have the window's
+// layout: the same count, dtypes and sizes, in order).
 struct WindowCall {
   Window* window;
   std::vector<Leaf> in, out;
-  std::vector<size_t> offsets;
 };
 
 ffi::ErrorOr<WindowCall> DecodeWindow(int64_t win_id, ffi::RemainingArgs args,
@@ -703,63 +702,105 @@ ffi::ErrorOr<WindowCall> DecodeWindow(int64_t win_id, ffi::RemainingArgs args,
   JAXFOG_ASSIGN_OR_RETURN(window, LookupWindow(win_id));
   JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, OpName(op)));
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
-  std::vector<size_t> offsets;
-  if (Layout(in, &offsets) != window->region_bytes()) {
+  const auto& leaves = window->layout().leaves;
+  bool same = in.size() == leaves.size();
+  for (size_t l = 0; same && l < in.size(); ++l) {
+    same = in[l].type == leaves[l].type && in[l].bytes == leaves[l].bytes;
+  }
+  if (!same) {
     return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument(
         std::string("jaxfog ") + OpName(op) + ": the value does not have the window's layout"));
   }
-  return WindowCall{window, std::move(in), std::move(out), std::move(offsets)};
+  return WindowCall{window, std::move(in), std::move(out)};
 }
 
-// win_put / win_accumulate: w_j * x into (or onto) my slot on each destination
-// j, my published value := x; returns self_weight * x.
+ffi::Error Malformed(OpCode op) {
+  return ffi::Error::InvalidArgument(std::string("jaxfog ") + OpName(op) + ": malformed peers");
+}
+
+std::vector<int> Ranks(I64s ranks) { return std::vector<int>(ranks.begin(), ranks.end()); }
+
+double& WeightAt(const WindowLayout& layout, char* region) {
+  return *reinterpret_cast<double*>(region + layout.weight_offset);
+}
+
+// dst = w * src over a whole region: every leaf and the weight (may alias).
+ffi::Error ScaleRegion(const WindowLayout& layout, char* dst, const char* src, double w) {
+  for (const WindowLayout::Leaf& leaf : layout.leaves) {
+    JAXFOG_RETURN_IF_ERROR(WeightedSum(leaf.type, leaf.bytes / ffi::ByteWidth(leaf.type),
+                                       dst + leaf.offset, src + leaf.offset, w, {}, {}));
+  }
+  if (layout.weight_offset >= 0) {
+    WeightAt(layout, dst) = w * WeightAt(layout, const_cast<char*>(src));
+  }
+  return ffi::Error::Success();
+}
+
+// win_put / win_accumulate: w_j * (x, p) into (or onto) my slot on each
+// destination j; a put counts a version there. My published value := x,
+// my p := self_weight * p; returns self_weight * x.
 template <bool kAccumulate>
 ffi::ErrorOr<Job> WinPutJob(int64_t win_id, double self_weight, I64s dst_ranks, I64s dst_regions,
-                            F64s dst_weights, ffi::Token, ffi::RemainingArgs args,
-                            ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
+                            F64s dst_weights, bool require_mutex, ffi::Token,
+                            ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                            ffi::RemainingRets rets) {
   constexpr OpCode kOp = kAccumulate ? OpCode::kWinAccumulate : OpCode::kWinPut;
-  const char* op = OpName(kOp);
   JAXFOG_ASSIGN_OR_RETURN(call, DecodeWindow(win_id, args, rets, kOp));
-  Window* window = call.window;
-  const std::vector<Leaf>& in = call.in;
-  const std::vector<Leaf>& out = call.out;
-  const std::vector<size_t>& offsets = call.offsets;
   if (dst_ranks.size() != dst_regions.size() || dst_ranks.size() != dst_weights.size()) {
-    return ffi::Unexpected<ffi::Error>(
-        ffi::Error::InvalidArgument(std::string("jaxfog ") + op + ": malformed destinations"));
+    return ffi::Unexpected<ffi::Error>(Malformed(kOp));
   }
-  std::vector<int64_t> ranks(dst_ranks.begin(), dst_ranks.end());
+  std::vector<int> ranks = Ranks(dst_ranks);
   std::vector<int64_t> regions(dst_regions.begin(), dst_regions.end());
   std::vector<double> weights(dst_weights.begin(), dst_weights.end());
-  return Job{TotalBytes(in), [=]() -> ffi::Error {
-    timeline::Span span(op, timeline::Span::kOp);
+  return Job{TotalBytes(call.in), [=]() -> ffi::Error {
+    timeline::Span span(OpName(kOp), timeline::Span::kOp);
+    Window* window = call.window;
+    const WindowLayout& layout = window->layout();
+    const std::vector<Leaf>& in = call.in;
+    ScopedMutex mutex(window, require_mutex ? ranks : std::vector<int>{});
+    JAXFOG_RETURN_IF_ERROR(mutex.status());
+    double p = 0.0;
+    if (window->has_weight()) {
+      JAXFOG_RETURN_IF_ERROR(window->Local([&](char* base, int64_t*) {
+        p = WeightAt(layout, base);
+        return ffi::Error::Success();
+      }));
+    }
     // A scaled copy only when some destination's weight is not 1.
     const bool scales = std::any_of(weights.begin(), weights.end(),
                                     [](double w) { return w != 1.0; });
-    ScratchPool::Lease scaled = ScratchPool::Global().Acquire(scales ? window->region_bytes() : 0);
+    ScratchPool::Lease scaled = ScratchPool::Global().Acquire(scales ? layout.message_bytes : 0);
     for (size_t d = 0; d < ranks.size(); ++d) {
       std::vector<TypedRun> runs;
       for (size_t l = 0; l < in.size(); ++l) {
+        const size_t offset = layout.leaves[l].offset;
         const void* data = in[l].in;
         if (weights[d] != 1.0) {
-          JAXFOG_RETURN_IF_ERROR(WeightedSum(in[l].type, in[l].count, scaled.data() + offsets[l],
+          JAXFOG_RETURN_IF_ERROR(WeightedSum(in[l].type, in[l].count, scaled.data() + offset,
                                              in[l].in, weights[d], {}, {}));
-          data = scaled.data() + offsets[l];
+          data = scaled.data() + offset;
         }
-        runs.push_back({in[l].type, offsets[l], data, in[l].bytes});
+        runs.push_back({in[l].type, offset, data, in[l].bytes});
       }
-      JAXFOG_RETURN_IF_ERROR(
-          window->Put(static_cast<int>(ranks[d]), regions[d], runs, kAccumulate));
+      const double sent_weight = weights[d] * p;
+      if (window->has_weight()) {
+        runs.push_back({ffi::DataType::F64, static_cast<size_t>(layout.weight_offset),
+                        &sent_weight, sizeof(double)});
+      }
+      JAXFOG_RETURN_IF_ERROR(window->Put(ranks[d], regions[d], runs, kAccumulate));
+      if (!kAccumulate) JAXFOG_RETURN_IF_ERROR(window->CountVersion(ranks[d], regions[d]));
     }
-    JAXFOG_RETURN_IF_ERROR(window->Local([&](char* base) {
+    JAXFOG_RETURN_IF_ERROR(mutex.Release());
+    JAXFOG_RETURN_IF_ERROR(window->Local([&](char* base, int64_t*) {
       for (size_t l = 0; l < in.size(); ++l) {
-        if (in[l].bytes) std::memcpy(base + offsets[l], in[l].in, in[l].bytes);
+        if (in[l].bytes) std::memcpy(base + layout.leaves[l].offset, in[l].in, in[l].bytes);
       }
+      if (window->has_weight()) WeightAt(layout, base) = self_weight * p;
       return ffi::Error::Success();
     }));
     for (size_t l = 0; l < in.size(); ++l) {
-      JAXFOG_RETURN_IF_ERROR(
-          WeightedSum(in[l].type, in[l].count, out[l].out, in[l].in, self_weight, {}, {}));
+      JAXFOG_RETURN_IF_ERROR(WeightedSum(in[l].type, in[l].count, call.out[l].out, in[l].in,
+                                         self_weight, {}, {}));
     }
     return ffi::Error::Success();
   }};
@@ -772,7 +813,8 @@ auto WinPutBinding() {
   return PytreeOp(WindowOp()
                       .Attr<I64s>("dst_ranks")
                       .Attr<I64s>("dst_regions")
-                      .Attr<F64s>("dst_weights"));
+                      .Attr<F64s>("dst_weights")
+                      .Attr<bool>("require_mutex"));
 }
 
 template <>
@@ -784,46 +826,112 @@ struct Handler<OpCode::kWinAccumulate> : Async<WinPutJob<true>> {
   static auto Bind() { return WinPutBinding(); }
 };
 
-// win_update: self_weight * x + sum_j w_j * slot_j, read under the window's
-// local lock; my published value := the result; `reset` zeroes the slots read.
+// win_get: my slot for j := w_j * (j's published value and p), for each
+// source j; counts a version on each slot written.
+ffi::ErrorOr<Job> WinGetJob(int64_t win_id, double, I64s src_ranks, I64s src_regions,
+                            F64s src_weights, bool require_mutex, ffi::Token,
+                            ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                            ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(window, LookupWindow(win_id));
+  if (args.size() || rets.size() || src_ranks.size() != src_regions.size() ||
+      src_ranks.size() != src_weights.size()) {
+    return ffi::Unexpected<ffi::Error>(Malformed(OpCode::kWinGet));
+  }
+  for (int64_t region : src_regions) {
+    if (region < 1 || region > window->slots()) {
+      return ffi::Unexpected<ffi::Error>(Malformed(OpCode::kWinGet));
+    }
+  }
+  std::vector<int> ranks = Ranks(src_ranks);
+  std::vector<int64_t> regions(src_regions.begin(), src_regions.end());
+  std::vector<double> weights(src_weights.begin(), src_weights.end());
+  return Job{window->region_bytes() * ranks.size(), [=]() -> ffi::Error {
+    timeline::Span span("win_get", timeline::Span::kOp);
+    const size_t region_bytes = window->region_bytes();
+    ScopedMutex mutex(window, require_mutex ? ranks : std::vector<int>{});
+    JAXFOG_RETURN_IF_ERROR(mutex.status());
+    ScratchPool::Lease fetched = ScratchPool::Global().Acquire(region_bytes * ranks.size());
+    for (size_t s = 0; s < ranks.size(); ++s) {
+      char* into = fetched.data() + s * region_bytes;
+      JAXFOG_RETURN_IF_ERROR(window->Get(ranks[s], 0, into));
+      JAXFOG_RETURN_IF_ERROR(ScaleRegion(window->layout(), into, into, weights[s]));
+    }
+    JAXFOG_RETURN_IF_ERROR(mutex.Release());
+    return window->Local([&](char* base, int64_t* control) {
+      for (size_t s = 0; s < ranks.size(); ++s) {
+        std::memcpy(base + regions[s] * region_bytes, fetched.data() + s * region_bytes,
+                    region_bytes);
+        ++control[regions[s]];
+      }
+      return ffi::Error::Success();
+    });
+  }};
+}
+
+template <>
+struct Handler<OpCode::kWinGet> : Async<WinGetJob> {
+  static auto Bind() {
+    return PytreeOp(WindowOp()
+                        .Attr<I64s>("src_ranks")
+                        .Attr<I64s>("src_regions")
+                        .Attr<F64s>("src_weights")
+                        .Attr<bool>("require_mutex"));
+  }
+};
+
+// win_update: self_weight * (x, p) + sum_j w_j * slot_j, read under the
+// window's local locks (and this rank's mutex with `require_mutex`); my
+// published value and p := the result; the versions of the slots read := 0;
+// `reset` zeroes those slots.
 ffi::ErrorOr<Job> WinUpdateJob(int64_t win_id, double self_weight, I64s src_regions,
-                               F64s src_weights, bool reset, ffi::Token, ffi::RemainingArgs args,
-                               ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
+                               F64s src_weights, bool reset, bool require_mutex, ffi::Token,
+                               ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                               ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(call, DecodeWindow(win_id, args, rets, OpCode::kWinUpdate));
   Window* window = call.window;
-  const std::vector<Leaf>& in = call.in;
-  const std::vector<Leaf>& out = call.out;
-  const std::vector<size_t>& offsets = call.offsets;
   if (src_regions.size() != src_weights.size()) {
-    return ffi::Unexpected<ffi::Error>(
-        ffi::Error::InvalidArgument("jaxfog win_update: malformed sources"));
+    return ffi::Unexpected<ffi::Error>(Malformed(OpCode::kWinUpdate));
   }
   std::vector<int64_t> regions(src_regions.begin(), src_regions.end());
   std::vector<double> weights(src_weights.begin(), src_weights.end());
   for (int64_t region : regions) {
     if (region < 1 || region > window->slots()) {
-      return ffi::Unexpected<ffi::Error>(
-          ffi::Error::InvalidArgument("jaxfog win_update: slot out of range"));
+      return ffi::Unexpected<ffi::Error>(Malformed(OpCode::kWinUpdate));
     }
   }
-  return Job{TotalBytes(in), [=]() -> ffi::Error {
+  return Job{TotalBytes(call.in), [=]() -> ffi::Error {
     timeline::Span span("win_update", timeline::Span::kOp);
+    const WindowLayout& layout = window->layout();
     const size_t region_bytes = window->region_bytes();
-    return window->Local([&](char* base) {
+    const std::vector<Leaf>& in = call.in;
+    ScopedMutex mutex(window, require_mutex ? std::vector<int>{window->rank()}
+                                            : std::vector<int>{});
+    JAXFOG_RETURN_IF_ERROR(mutex.status());
+    JAXFOG_RETURN_IF_ERROR(window->Local([&](char* base, int64_t* control) {
       std::vector<const void*> others(regions.size());
       for (size_t l = 0; l < in.size(); ++l) {
+        const size_t offset = layout.leaves[l].offset;
         for (size_t j = 0; j < regions.size(); ++j) {
-          others[j] = base + regions[j] * region_bytes + offsets[l];
+          others[j] = base + regions[j] * region_bytes + offset;
         }
-        JAXFOG_RETURN_IF_ERROR(WeightedSum(in[l].type, in[l].count, out[l].out, in[l].in,
+        JAXFOG_RETURN_IF_ERROR(WeightedSum(in[l].type, in[l].count, call.out[l].out, in[l].in,
                                            self_weight, others, weights));
-        if (in[l].bytes) std::memcpy(base + offsets[l], out[l].out, in[l].bytes);
+        if (in[l].bytes) std::memcpy(base + offset, call.out[l].out, in[l].bytes);
       }
-      if (reset) {
-        for (int64_t region : regions) std::memset(base + region * region_bytes, 0, region_bytes);
+      if (window->has_weight()) {
+        double p = self_weight * WeightAt(layout, base);
+        for (size_t j = 0; j < regions.size(); ++j) {
+          p += weights[j] * WeightAt(layout, base + regions[j] * region_bytes);
+        }
+        WeightAt(layout, base) = p;
+      }
+      for (int64_t region : regions) {
+        control[region] = 0;
+        if (reset) std::memset(base + region * region_bytes, 0, region_bytes);
       }
       return ffi::Error::Success();
-    });
+    }));
+    return mutex.Release();
   }};
 }
 
@@ -833,7 +941,8 @@ struct Handler<OpCode::kWinUpdate> : Async<WinUpdateJob> {
     return PytreeOp(WindowOp()
                         .Attr<I64s>("src_regions")
                         .Attr<F64s>("src_weights")
-                        .Attr<bool>("reset"));
+                        .Attr<bool>("reset")
+                        .Attr<bool>("require_mutex"));
   }
 };
 

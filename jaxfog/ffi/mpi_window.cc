@@ -1,7 +1,10 @@
 #include "mpi_window.h"
 
+#include <algorithm>
+#include <chrono>
 #include <climits>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -39,47 +42,63 @@ class ScopedLock {
 
 }  // namespace
 
-ffi::ErrorOr<std::unique_ptr<MpiWindow>> MpiWindow::Create(MPI_Comm comm, size_t region_bytes,
-                                                           int64_t slots) {
+ffi::ErrorOr<std::unique_ptr<MpiWindow>> MpiWindow::Create(MPI_Comm comm, WindowLayout layout,
+                                                           int64_t slots,
+                                                           double timeout_seconds) {
   auto fail = [](int code, const char* call) {
     return ffi::Unexpected<ffi::Error>(CheckMpi(code, std::string("win_create: ") + call));
   };
-  int rank = 0;
+  int rank = 0, size = 0;
   if (int code = MPI_Comm_rank(comm, &rank); code != MPI_SUCCESS) {
     return fail(code, "MPI_Comm_rank");
   }
-  const size_t bytes = region_bytes * static_cast<size_t>(1 + slots);
+  if (int code = MPI_Comm_size(comm, &size); code != MPI_SUCCESS) {
+    return fail(code, "MPI_Comm_size");
+  }
+  const size_t bytes = layout.region_bytes() * static_cast<size_t>(1 + slots);
   if (bytes > static_cast<size_t>(LLONG_MAX)) {
     return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument("win_create: too large"));
   }
   // Every rank's slot count, to check a region before touching a peer's window.
-  int size = 0;
-  if (int code = MPI_Comm_size(comm, &size); code != MPI_SUCCESS) {
-    return fail(code, "MPI_Comm_size");
-  }
   std::vector<int64_t> peer_slots(static_cast<size_t>(size));
   if (int code = MPI_Allgather(&slots, 1, MPI_INT64_T, peer_slots.data(), 1, MPI_INT64_T, comm);
       code != MPI_SUCCESS) {
     return fail(code, "MPI_Allgather");
   }
   char* base = nullptr;
-  MPI_Win win = MPI_WIN_NULL;
+  MPI_Win data = MPI_WIN_NULL;
   if (int code = MPI_Win_allocate(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL, comm, &base,
-                                  &win);
+                                  &data);
       code != MPI_SUCCESS) {
     return fail(code, "MPI_Win_allocate");
   }
-  if (int code = MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN); code != MPI_SUCCESS) {
-    MPI_Win_free(&win);
-    return fail(code, "MPI_Win_set_errhandler");
+  int64_t* control_base = nullptr;
+  MPI_Win control = MPI_WIN_NULL;
+  if (int code = MPI_Win_allocate(static_cast<MPI_Aint>((1 + slots) * sizeof(int64_t)),
+                                  sizeof(int64_t), MPI_INFO_NULL, comm, &control_base, &control);
+      code != MPI_SUCCESS) {
+    MPI_Win_free(&data);
+    return fail(code, "MPI_Win_allocate (control)");
   }
-  return std::unique_ptr<MpiWindow>(
-      new MpiWindow(win, base, rank, region_bytes, std::move(peer_slots)));
+  std::fill(control_base, control_base + 1 + slots, 0);
+  for (MPI_Win* win : {&data, &control}) {
+    if (int code = MPI_Win_set_errhandler(*win, MPI_ERRORS_RETURN); code != MPI_SUCCESS) {
+      MPI_Win_free(&data);
+      MPI_Win_free(&control);
+      return fail(code, "MPI_Win_set_errhandler");
+    }
+  }
+  return std::unique_ptr<MpiWindow>(new MpiWindow(std::move(layout), data, base, control,
+                                                  control_base, rank, std::move(peer_slots),
+                                                  timeout_seconds));
 }
 
 MpiWindow::~MpiWindow() {
   int finalized = 0;
-  if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Win_free(&win_);
+  if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) {
+    MPI_Win_free(&control_);
+    MPI_Win_free(&data_);
+  }
 }
 
 ffi::Error MpiWindow::CheckRegion(int peer, int64_t region) const {
@@ -96,9 +115,9 @@ ffi::Error MpiWindow::Put(int peer, int64_t region, const std::vector<TypedRun>&
   JAXFOG_RETURN_IF_ERROR(CheckRegion(peer, region));
   const std::string what = std::string(accumulate ? "win_accumulate" : "win_put") +
                            " to rank " + std::to_string(peer);
-  ScopedLock lock(win_, MPI_LOCK_SHARED, peer);
+  ScopedLock lock(data_, MPI_LOCK_SHARED, peer);
   JAXFOG_RETURN_IF_MPI_ERROR(lock.code(), what + ": MPI_Win_lock");
-  const MPI_Aint start = static_cast<MPI_Aint>(region * region_bytes_);
+  const MPI_Aint start = static_cast<MPI_Aint>(region * region_bytes());
   for (const TypedRun& run : runs) {
     if (run.bytes == 0) continue;
     const MPI_Aint at = start + static_cast<MPI_Aint>(run.offset);
@@ -107,7 +126,7 @@ ffi::Error MpiWindow::Put(int peer, int64_t region, const std::vector<TypedRun>&
         return ffi::Error::InvalidArgument(what + ": a leaf over 2 GB");
       }
       const int n = static_cast<int>(run.bytes);
-      JAXFOG_RETURN_IF_MPI_ERROR(MPI_Put(run.data, n, MPI_BYTE, peer, at, n, MPI_BYTE, win_),
+      JAXFOG_RETURN_IF_MPI_ERROR(MPI_Put(run.data, n, MPI_BYTE, peer, at, n, MPI_BYTE, data_),
                                  what + ": MPI_Put");
       continue;
     }
@@ -121,7 +140,7 @@ ffi::Error MpiWindow::Put(int peer, int64_t region, const std::vector<TypedRun>&
     if (count > INT_MAX) return ffi::Error::InvalidArgument(what + ": a leaf too large");
     const int n = static_cast<int>(count);
     JAXFOG_RETURN_IF_MPI_ERROR(
-        MPI_Accumulate(run.data, n, type, peer, at, n, type, MPI_SUM, win_),
+        MPI_Accumulate(run.data, n, type, peer, at, n, type, MPI_SUM, data_),
         what + ": MPI_Accumulate");
   }
   JAXFOG_RETURN_IF_MPI_ERROR(lock.Unlock(), what + ": MPI_Win_unlock");
@@ -131,28 +150,146 @@ ffi::Error MpiWindow::Put(int peer, int64_t region, const std::vector<TypedRun>&
 ffi::Error MpiWindow::Get(int peer, int64_t region, void* out) {
   JAXFOG_RETURN_IF_ERROR(CheckRegion(peer, region));
   const std::string what = "win_get from rank " + std::to_string(peer);
-  if (region_bytes_ > INT_MAX) return ffi::Error::InvalidArgument(what + ": over 2 GB");
-  const int n = static_cast<int>(region_bytes_);
-  ScopedLock lock(win_, MPI_LOCK_SHARED, peer);
+  if (region_bytes() > INT_MAX) return ffi::Error::InvalidArgument(what + ": over 2 GB");
+  const int n = static_cast<int>(region_bytes());
+  ScopedLock lock(data_, MPI_LOCK_SHARED, peer);
   JAXFOG_RETURN_IF_MPI_ERROR(lock.code(), what + ": MPI_Win_lock");
   JAXFOG_RETURN_IF_MPI_ERROR(
-      MPI_Get(out, n, MPI_BYTE, peer, static_cast<MPI_Aint>(region * region_bytes_), n,
-              MPI_BYTE, win_),
+      MPI_Get(out, n, MPI_BYTE, peer, static_cast<MPI_Aint>(region * region_bytes()), n,
+              MPI_BYTE, data_),
       what + ": MPI_Get");
   JAXFOG_RETURN_IF_MPI_ERROR(lock.Unlock(), what + ": MPI_Win_unlock");
   return ffi::Error::Success();
 }
 
-ffi::Error MpiWindow::Local(const std::function<ffi::Error(char* base)>& access) {
-  // An exclusive lock on our own window keeps remote puts out while we read
-  // and write it; MPI_Win_sync makes their completed writes visible.
-  ScopedLock lock(win_, MPI_LOCK_EXCLUSIVE, rank_);
-  JAXFOG_RETURN_IF_MPI_ERROR(lock.code(), "jaxfog window: MPI_Win_lock (local)");
-  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_sync(win_), "jaxfog window: MPI_Win_sync");
-  JAXFOG_RETURN_IF_ERROR(access(base_));
-  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_sync(win_), "jaxfog window: MPI_Win_sync");
-  JAXFOG_RETURN_IF_MPI_ERROR(lock.Unlock(), "jaxfog window: MPI_Win_unlock (local)");
+ffi::Error MpiWindow::CountVersion(int peer, int64_t region) {
+  JAXFOG_RETURN_IF_ERROR(CheckRegion(peer, region));
+  const std::string what = "jaxfog window: version count on rank " + std::to_string(peer);
+  const int64_t one = 1;
+  ScopedLock lock(control_, MPI_LOCK_SHARED, peer);
+  JAXFOG_RETURN_IF_MPI_ERROR(lock.code(), what + ": MPI_Win_lock");
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Accumulate(&one, 1, MPI_INT64_T, peer, region, 1, MPI_INT64_T,
+                                            MPI_SUM, control_),
+                             what + ": MPI_Accumulate");
+  JAXFOG_RETURN_IF_MPI_ERROR(lock.Unlock(), what + ": MPI_Win_unlock");
   return ffi::Error::Success();
+}
+
+ffi::Error MpiWindow::Local(
+    const std::function<ffi::Error(char* base, int64_t* control)>& access) {
+  // Exclusive locks on our own windows keep remote accesses out while we read
+  // and write them; MPI_Win_sync makes their completed writes visible. Always
+  // data before control, the order every path takes.
+  ScopedLock data(data_, MPI_LOCK_EXCLUSIVE, rank_);
+  JAXFOG_RETURN_IF_MPI_ERROR(data.code(), "jaxfog window: MPI_Win_lock (local)");
+  ScopedLock control(control_, MPI_LOCK_EXCLUSIVE, rank_);
+  JAXFOG_RETURN_IF_MPI_ERROR(control.code(), "jaxfog window: MPI_Win_lock (local control)");
+  for (MPI_Win win : {data_, control_}) {
+    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_sync(win), "jaxfog window: MPI_Win_sync");
+  }
+  JAXFOG_RETURN_IF_ERROR(access(base_, control_base_));
+  for (MPI_Win win : {data_, control_}) {
+    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_sync(win), "jaxfog window: MPI_Win_sync");
+  }
+  JAXFOG_RETURN_IF_MPI_ERROR(control.Unlock(), "jaxfog window: MPI_Win_unlock (local control)");
+  JAXFOG_RETURN_IF_MPI_ERROR(data.Unlock(), "jaxfog window: MPI_Win_unlock (local)");
+  return ffi::Error::Success();
+}
+
+ffi::ErrorOr<bool> MpiWindow::TryAcquire(int peer) {
+  const std::string what = "win_mutex of rank " + std::to_string(peer);
+  const int64_t free = 0, mine = 1 + rank_;
+  int64_t found = -1;
+  ScopedLock lock(control_, MPI_LOCK_SHARED, peer);
+  if (lock.code() != MPI_SUCCESS) {
+    return ffi::Unexpected<ffi::Error>(CheckMpi(lock.code(), what + ": MPI_Win_lock"));
+  }
+  if (int code = MPI_Compare_and_swap(&mine, &free, &found, MPI_INT64_T, peer, 0, control_);
+      code != MPI_SUCCESS) {
+    return ffi::Unexpected<ffi::Error>(CheckMpi(code, what + ": MPI_Compare_and_swap"));
+  }
+  if (int code = lock.Unlock(); code != MPI_SUCCESS) {
+    return ffi::Unexpected<ffi::Error>(CheckMpi(code, what + ": MPI_Win_unlock"));
+  }
+  return found == free;
+}
+
+ffi::Error MpiWindow::Acquire(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::vector<int> taken;
+  for (int peer : ranks) {
+    JAXFOG_RETURN_IF_ERROR(CheckRegion(peer, 0));
+    {
+      std::lock_guard<std::mutex> guard(held_mutex_);
+      if (held_[peer] > 0) {
+        ++held_[peer];
+        taken.push_back(peer);
+        continue;
+      }
+    }
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point start = Clock::now();
+    auto pause = std::chrono::microseconds(20);
+    while (true) {
+      ffi::ErrorOr<bool> got = TryAcquire(peer);
+      if (got.has_error() || *got) {
+        if (got.has_error()) {
+          Release(taken);
+          return got.error();
+        }
+        break;
+      }
+      if (timeout_seconds_ > 0 &&
+          std::chrono::duration<double>(Clock::now() - start).count() > timeout_seconds_) {
+        Release(taken);
+        return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
+                          "jaxfog win_mutex: rank " + std::to_string(rank_) +
+                              " waited more than " + std::to_string(timeout_seconds_) +
+                              " s (JAXFOG_TIMEOUT) for the mutex of rank " +
+                              std::to_string(peer));
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+    std::lock_guard<std::mutex> guard(held_mutex_);
+    held_[peer] = 1;
+    taken.push_back(peer);
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error MpiWindow::Release(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  ffi::Error result = ffi::Error::Success();
+  for (int peer : ranks) {
+    {
+      std::lock_guard<std::mutex> guard(held_mutex_);
+      auto it = held_.find(peer);
+      if (it == held_.end() || it->second == 0) continue;  // not held: nothing to give back
+      if (--it->second > 0) continue;
+      held_.erase(it);
+    }
+    const std::string what = "win_mutex release on rank " + std::to_string(peer);
+    const int64_t free = 0;
+    int64_t previous = 0;
+    ScopedLock lock(control_, MPI_LOCK_SHARED, peer);
+    if (int code = lock.code(); code != MPI_SUCCESS) {
+      result = CheckMpi(code, what + ": MPI_Win_lock");
+      continue;
+    }
+    if (int code = MPI_Fetch_and_op(&free, &previous, MPI_INT64_T, peer, 0, MPI_REPLACE,
+                                    control_);
+        code != MPI_SUCCESS) {
+      result = CheckMpi(code, what + ": MPI_Fetch_and_op");
+      continue;
+    }
+    if (int code = lock.Unlock(); code != MPI_SUCCESS) {
+      result = CheckMpi(code, what + ": MPI_Win_unlock");
+    }
+  }
+  return result;
 }
 
 }  // namespace jaxfog

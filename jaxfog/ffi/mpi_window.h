@@ -4,7 +4,9 @@
 
 #include <mpi.h>
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -14,33 +16,46 @@ namespace jaxfog {
 
 class MpiWindow final : public Window {
  public:
-  // Collective over `comm`: every rank allocates (1 + slots) regions.
-  static ffi::ErrorOr<std::unique_ptr<MpiWindow>> Create(MPI_Comm comm, size_t region_bytes,
-                                                         int64_t slots);
-  // Collective: frees the MPI window (MPI_Win_free waits for every rank).
+  // Collective over `comm`: every rank allocates (1 + slots) regions and
+  // (1 + slots) control words, in two MPI windows. The mutex gives up after
+  // `timeout_seconds` (0: never).
+  static ffi::ErrorOr<std::unique_ptr<MpiWindow>> Create(MPI_Comm comm, WindowLayout layout,
+                                                         int64_t slots, double timeout_seconds);
+  // Collective: frees the MPI windows (MPI_Win_free waits for every rank).
   ~MpiWindow() override;
 
   int rank() const override { return rank_; }
-  size_t region_bytes() const override { return region_bytes_; }
   int64_t slots() const override { return peer_slots_[rank_]; }
 
   ffi::Error Put(int peer, int64_t region, const std::vector<TypedRun>& runs,
                  bool accumulate) override;
   ffi::Error Get(int peer, int64_t region, void* out) override;
-  ffi::Error Local(const std::function<ffi::Error(char* base)>& access) override;
+  ffi::Error CountVersion(int peer, int64_t region) override;
+  ffi::Error Local(
+      const std::function<ffi::Error(char* base, int64_t* control)>& access) override;
+  ffi::Error Acquire(std::vector<int> ranks) override;
+  ffi::Error Release(std::vector<int> ranks) override;
 
  private:
-  MpiWindow(MPI_Win win, char* base, int rank, size_t region_bytes,
-            std::vector<int64_t> peer_slots)
-      : win_(win), base_(base), rank_(rank), region_bytes_(region_bytes),
-        peer_slots_(std::move(peer_slots)) {}
+  MpiWindow(WindowLayout layout, MPI_Win data, char* base, MPI_Win control,
+            int64_t* control_base, int rank, std::vector<int64_t> peer_slots,
+            double timeout_seconds)
+      : Window(std::move(layout)), data_(data), base_(base), control_(control),
+        control_base_(control_base), rank_(rank), peer_slots_(std::move(peer_slots)),
+        timeout_seconds_(timeout_seconds) {}
   ffi::Error CheckRegion(int peer, int64_t region) const;
+  // Tries once to take `peer`'s mutex; true when taken.
+  ffi::ErrorOr<bool> TryAcquire(int peer);
 
-  MPI_Win win_;
+  MPI_Win data_;
   char* base_;
+  MPI_Win control_;
+  int64_t* control_base_;
   int rank_;
-  size_t region_bytes_;
   std::vector<int64_t> peer_slots_;  // every rank's slot count
+  double timeout_seconds_;
+  std::mutex held_mutex_;  // Acquire/Release come from the comm thread and Python
+  std::map<int, int> held_;  // mutexes this rank holds, with their hold counts
 };
 
 }  // namespace jaxfog

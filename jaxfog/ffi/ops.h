@@ -23,7 +23,8 @@
   X(allgather, Allgather, 6, "allgather")                                               \
   X(win_put, WinPut, 11, "win_put")                                                     \
   X(win_accumulate, WinAccumulate, 12, "win_accumulate")                                \
-  X(win_update, WinUpdate, 13, "win_update")
+  X(win_update, WinUpdate, 13, "win_update")                                            \
+  X(win_get, WinGet, 14, "win_get")
 
 namespace jaxfog {
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxfog import runtime
 from jaxfog import topology as T
+from jaxfog.ops import _plan
 
 #: dtypes every op accepts (integers are averaged in float64 and rounded to
 #: nearest, ties to even).
@@ -184,3 +185,151 @@ class Allgather(NamedTuple):
 def allgather(*, name: str | None) -> Allgather:
     return Allgather(_what("allgather", name))
 
+
+
+# --- one-sided windows --------------------------------------------------------
+
+
+def _window_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{what}: a window's name must be a non-empty string, got {name!r}")
+    return name
+
+
+def _flag(value: Any, label: str, what: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what}: {label} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _self_weight(value: Any, what: str) -> Any:
+    """None, a real number, or (simulation) a traced real scalar."""
+    if value is None or isinstance(value, jax.core.Tracer):
+        return value
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what}: self_weight must be a real number, got {value!r}")
+    if not np.isfinite(value):
+        raise ValueError(f"{what}: self_weight must be finite, got {value}")
+    return float(value)
+
+
+class Peers(NamedTuple):
+    """The ranks a window op names and their weights, as length-n rows.
+
+    numpy when given as a dict, a list or a concrete array; a traced array
+    (simulation only) when given as one. A rank's weight is 0 where its mask
+    is False.
+    """
+
+    mask: Any
+    weights: Any
+
+
+def _peers(value: Any, label: str, what: str, allow_list: bool) -> Peers | None:
+    """``None`` (the op's default), a dict ``{rank: weight}``, a list of ranks
+    (weight 1; puts only) or an array of n weights (the ranks with a nonzero
+    weight)."""
+    if value is None:
+        return None
+    n, rank = runtime.size(), runtime.rank()
+    where = f"{what}: {label}"
+    if isinstance(value, (np.ndarray, jax.Array)):
+        if value.shape != (n,) or not (jnp.issubdtype(value.dtype, jnp.floating)
+                                       or jnp.issubdtype(value.dtype, jnp.integer)):
+            raise ValueError(f"{where}: an array of weights must be real with shape ({n},), "
+                             f"got {value.dtype}{list(value.shape)}")
+        if isinstance(value, jax.core.Tracer):
+            return Peers(value != 0, value)
+        weights = np.asarray(value, np.float64)
+        if not np.isfinite(weights).all():
+            raise ValueError(f"{where}: weights must be finite")
+        if isinstance(rank, int) and weights[rank] != 0:
+            raise ValueError(f"{where}: rank {rank} cannot name itself (use self_weight)")
+        return Peers(weights != 0, weights)
+    given = _plan.weights_dict(value, where, allow_list=allow_list)
+    _plan.check_ranks(given, n, rank if isinstance(rank, int) else -1, where)
+    mask, weights = np.zeros(n, bool), np.zeros(n)
+    for r, w in given.items():
+        mask[r], weights[r] = True, w
+    return Peers(mask, weights)
+
+
+class WinCreate(NamedTuple):
+    name: str
+    zero_init: bool
+    with_weight: bool
+    src_ranks: tuple[int, ...] | None
+    what: str
+
+
+def win_create(*, name: Any, zero_init: Any, with_weight: Any, src_ranks: Any) -> WinCreate:
+    what = "win_create"
+    name = _window_name(name, what)
+    if src_ranks is not None:
+        if isinstance(src_ranks, (str, bytes)) or not hasattr(src_ranks, "__iter__"):
+            raise TypeError(f"{what}: src_ranks must be a list of ranks, got "
+                            f"{type(src_ranks).__name__}")
+        src_ranks = list(src_ranks)
+        for r in src_ranks:
+            if isinstance(r, (bool, np.bool_)) or not isinstance(r, numbers.Integral) or not (
+                    0 <= r < runtime.size()):
+                raise ValueError(f"{what}: src_ranks: {r!r} is not a rank in "
+                                 f"[0, {runtime.size()})")
+        src_ranks = tuple(sorted({int(r) for r in src_ranks}))
+    return WinCreate(name, _flag(zero_init, "zero_init", what),
+                     _flag(with_weight, "with_weight", what), src_ranks, what)
+
+
+class WinPut(NamedTuple):
+    """``win_put`` (``accumulate`` False) or ``win_accumulate``."""
+
+    name: str
+    self_weight: Any  # None: 1.0
+    dst: Peers | None  # None: the out-neighbours, weight 1
+    require_mutex: bool
+    accumulate: bool
+    what: str
+
+
+def win_put(*, name: Any, self_weight: Any, dst_weights: Any, require_mutex: Any,
+            accumulate: bool) -> WinPut:
+    what = "win_accumulate" if accumulate else "win_put"
+    return WinPut(_window_name(name, what), _self_weight(self_weight, what),
+                  _peers(dst_weights, "dst_weights", what, allow_list=True),
+                  _flag(require_mutex, "require_mutex", what), accumulate, what)
+
+
+class WinGet(NamedTuple):
+    name: str
+    src: Peers | None  # None: every source of the window, weight 1
+    require_mutex: bool
+    what: str
+
+
+def win_get(*, name: Any, src_weights: Any, require_mutex: Any) -> WinGet:
+    what = "win_get"
+    return WinGet(_window_name(name, what),
+                  _peers(src_weights, "src_weights", what, allow_list=True),
+                  _flag(require_mutex, "require_mutex", what), what)
+
+
+class WinUpdate(NamedTuple):
+    """``win_update``, or with ``collect`` ``win_update_then_collect`` (every
+    source with weight 1, self weight 1, reset)."""
+
+    name: str
+    self_weight: Any  # None: the default row's
+    src: Peers | None  # None: the topology's row of W, or uniform
+    reset: bool
+    require_mutex: bool
+    collect: bool
+    what: str
+
+
+def win_update(*, name: Any, self_weight: Any, src_weights: Any, reset: Any,
+               require_mutex: Any, collect: bool = False) -> WinUpdate:
+    what = "win_update_then_collect" if collect else "win_update"
+    return WinUpdate(_window_name(name, what), _self_weight(self_weight, what),
+                     _peers(src_weights, "src_weights", what, allow_list=False),
+                     _flag(reset, "reset", what), _flag(require_mutex, "require_mutex", what),
+                     collect, what)

@@ -18,6 +18,8 @@ communicator the op runs on (``runtime.WORLD_COMM_ID`` and friends).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,6 +29,7 @@ from jax.interpreters import ad, batching, mlir
 
 from jaxfog import runtime
 from jaxfog.ops import _plan
+from jaxfog.ops.jit import jit
 from jaxfog.ops._primitive import (comm_effect, define, linear_jvp, linear_transpose,
                                    lower_comm_call, signature, target)
 
@@ -234,6 +237,21 @@ mlir.register_lowering(
     fence_p, lambda ctx: lower_comm_call(ctx, fence_p.name, [], {}), platform="cpu")
 
 
+@functools.cache
+def _fence():
+    return jit(fence_p.bind)
+
+
+def wait_for_dispatched() -> None:
+    """Blocks until the communication of every computation this thread has
+    dispatched so far has finished (PjRt runs them in dispatch order)."""
+    if runtime.is_initialized():
+        _fence()().block_until_ready()
+
+
+runtime._before_shutdown.append(wait_for_dispatched)
+
+
 # --- one-sided windows --------------------------------------------------------
 
 
@@ -259,8 +277,11 @@ def _not_differentiable(prim):
 
 # win_put / win_accumulate: the leaves go to the destinations' slots; the
 # result is self_weight * x. win_update: the weighted sum with the slots.
+# win_get (no operands, no results): the sources' published values into the
+# slots.
 win_put_p = define("win_put", _same_avals, _window_attributes)
 win_accumulate_p = define("win_accumulate", _same_avals, _window_attributes)
 win_update_p = define("win_update", _same_avals, _window_attributes)
+win_get_p = define("win_get", _same_avals, _window_attributes)
 for _prim in (win_put_p, win_accumulate_p, win_update_p):
     ad.primitive_jvps[_prim] = _not_differentiable(_prim)

@@ -1,22 +1,41 @@
-"""One-sided windows over MPI-3 RMA (BlueFog's win_* ops, in functional form).
+"""One-sided windows: BlueFog's win_* ops in functional form.
 
 A window is created collectively from a value ``x`` (an array or pytree). On
-every rank it holds one slot shaped like ``x`` per rank it receives from (the
-in-neighbours of the current topology, or ``src_ranks``) and the rank's
-published value. Ranks then write into each other's slots with no matching
-call on the receiving side, and combine what arrived when they choose:
+every rank it holds the rank's *published* value and one *slot* shaped like
+``x`` per rank it receives from (the in-neighbours of the current topology,
+or ``src_ranks``). Ranks write into each other's slots with no matching call
+on the receiving side, and combine what has arrived when they choose. The
+local value is an argument and the new value is returned; everything else
+lives in the window.
 
-* ``win_put(x, name)``: on each destination ``j``, my slot := ``w_j * x``;
-  my published value := ``x``; returns ``self_weight * x``.
-* ``win_accumulate(x, name)``: the same, with my slot ``+= w_j * x``.
-* ``win_update(x, name)``: returns
-  ``self_weight * x + sum_j src_weights[j] * slot_j`` (default: the
-  topology's row of W when the window's sources are its in-neighbours,
-  else uniform ``1 / (k + 1)``); my published value := the result; with
-  ``reset=True`` the slots read are zeroed.
+For rank ``i`` with slots ``s_j`` (one per source ``j``), published value
+``v_i``, version counters ``c_j`` and (``with_weight=True``) push-sum weights
+``p_i`` and ``p_j`` per slot:
 
-Each op is a custom call ordered with jaxfog's other ops on the same rank
-(program order), eagerly and inside ``jax.jit``/``jaxfog.jit``/``lax.scan``.
+* ``win_put(x)``: on each destination ``k``: ``s_i := w_k x``,
+  ``c_i += 1`` (and ``p := w_k p_i``); ``v_i := x``; ``p_i := a p_i``;
+  returns ``a x`` (``a``: ``self_weight``, default 1).
+* ``win_accumulate(x)``: the same with ``s_i += w_k x`` (``p += w_k p_i``);
+  versions untouched.
+* ``win_get()``: ``s_j := w_j v_j`` for each source ``j``; ``c_j += 1``.
+* ``win_update(x)``: ``y = a x + sum_j w_j s_j`` (default: the topology's row
+  of W when the sources are the in-neighbours, else uniform ``1/(k+1)``);
+  ``v_i := y``; ``p_i := a p_i + sum_j w_j p_j``; ``c_j := 0`` for the slots
+  read; ``reset`` zeroes them (and their ``p_j``). Returns ``y``.
+* ``win_update_then_collect(x)``: ``x + sum_j s_j`` with every slot drained,
+  under this rank's mutex.
+
+Each data-moving op is one custom call on MPI, ordered with jaxfog's other
+ops on the rank (program order), eagerly and inside ``jax.jit``,
+``jaxfog.jit``, ``lax.scan`` and ``fori_loop``; a pytree moves as one RMA
+epoch per peer. The ops are not differentiable (their effect on other
+ranks' memory has no tangent): under ``grad`` they raise a ``TypeError``;
+differentiate the local computation around them.
+
+In the simulation (:func:`jaxfog.simulate`) windows live in the process:
+every agent runs the same op at once, so a put or accumulate is visible at
+its destination's next update (immediate delivery), and the mutex is
+trivially held.
 
 References:
   Ying, Yuan, Hu, Chen, Yin. *BlueFog: Make Decentralized Algorithms Practical
@@ -25,219 +44,183 @@ References:
 
 from __future__ import annotations
 
-import ctypes
-import dataclasses
-import itertools
-from typing import Any, Mapping, Sequence
+from typing import Any, ContextManager, Mapping, Sequence
 
 import jax
-import numpy as np
 
-from jaxfog import ffi, runtime
-from jaxfog.ops import _args, _plan
-from jaxfog.ops import primitives as P
-from jaxfog.ops.backends import mpi
+from jaxfog.ops import _args, backends
 
-_ALIGN = 64  # the C++ message layout: each leaf at a multiple of 64 bytes
+Weights = Mapping[int, float] | Sequence[int] | Any  # a dict, a list of ranks or n weights
 
 
-@dataclasses.dataclass(frozen=True)
-class _Window:
-    id: int
-    name: str
-    treedef: Any
-    avals: tuple[tuple[tuple[int, ...], np.dtype], ...]
-    sources: tuple[int, ...]  # the ranks whose slots this rank holds, in slot order
-    region_of: Mapping[int, Mapping[int, int]]  # region_of[dst][src]: src's slot on dst
-
-    @property
-    def offsets(self) -> list[int]:
-        offsets, at = [], 0
-        for shape, dtype in self.avals:
-            offsets.append(at)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            at += -(-nbytes // _ALIGN) * _ALIGN
-        offsets.append(at)
-        return offsets
-
-
-_windows: dict[str, _Window] = {}
-_ids = itertools.count(1)
-
-
-def _layout(x: Any, what: str) -> tuple[list[jax.Array], Any, tuple]:
-    leaves, treedef = _args.leaves(what, x)
-    return leaves, treedef, tuple((tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in leaves)
-
-
-def _window(name: str, what: str) -> _Window:
-    if name not in _windows:
-        known = ", ".join(sorted(_windows)) or "none"
-        raise ValueError(f"{what}: no window named {name!r} (windows: {known}); create it "
-                         "with jaxfog.win_create")
-    return _windows[name]
-
-
-def _check_value(window: _Window, treedef, avals, what: str) -> None:
-    if treedef != window.treedef or avals != window.avals:
-        raise ValueError(f"{what}: the value does not match window {window.name!r}: it has "
-                         f"{[(s, str(d)) for s, d in avals]}, the window "
-                         f"{[(s, str(d)) for s, d in window.avals]}")
-
-
-def win_create(x: Any, name: str, *, zero_init: bool = False,
+def win_create(x: Any, name: str, *, zero_init: bool = False, with_weight: bool = False,
                src_ranks: Sequence[int] | None = None) -> bool:
     """Creates window ``name`` from ``x``; collective over every rank.
 
     Args:
       x: an array or pytree: the shapes and dtypes of everything the window
-        moves, and its initial content.
+        moves, and its initial content (the published value, and every slot
+        unless ``zero_init``).
       name: the window's name (the same on every rank).
       zero_init: start the slots at zero instead of copies of ``x``.
+      with_weight: keep a push-sum weight ``p``: 1 for the rank, 1 per slot
+        (0 with ``zero_init``); ops scale and combine it like the value.
       src_ranks: the ranks that may write into this rank's window (default:
-        the current topology's in-neighbours); a put from any other rank is
-        an error on the sender.
+        the current topology's in-neighbours; e.g. the union over a
+        schedule). A put from any other rank is an error on the sender.
 
     Returns:
       True (BlueFog compatible).
+
+    Raises:
+      ValueError: on every rank, when ranks passed different names,
+        structures, shapes, dtypes or ``with_weight``.
     """
-    mpi.backend()
-    what = "win_create"
-    if name in _windows:
-        raise ValueError(f"{what}: window {name!r} exists already (win_free it first)")
-    rank, size = runtime.rank(), runtime.size()
-    leaves, treedef, avals = _layout(x, what)
-    sources = (tuple(runtime.load_topology().in_neighbors(rank)) if src_ranks is None
-               else tuple(sorted(_plan.rank_tuple(src_ranks, size, rank,
-                                                  f"{what}: src_ranks"))))
-    comm = runtime.communicator()
-    mine = (name, str(treedef), [(s, d.str) for s, d in avals], sources)
-    everyone = comm.allgather(mine)
-    differing = [r for r, (n, t, a, _) in enumerate(everyone) if (n, t, a) != mine[:3]]
-    if differing:
-        raise ValueError(f"{what}: ranks {differing} passed a different name, structure, "
-                         f"shape or dtype from rank {rank}; every rank must create the same "
-                         "window")
-    region_of = {dst: {src: 1 + i for i, src in enumerate(srcs)}
-                 for dst, (_, _, _, srcs) in enumerate(everyone)}
-    window = _Window(next(_ids), name, treedef, avals, sources, region_of)
-    offsets = window.offsets
-    packed = np.zeros(offsets[-1], np.uint8)
-    for leaf, at in zip(leaves, offsets):
-        data = np.ascontiguousarray(np.asarray(leaf)).view(np.uint8).reshape(-1)
-        packed[at:at + data.size] = data
-    lib, error = ffi.library(), ctypes.create_string_buffer(1024)
-    if lib.jaxfog_win_create(window.id, comm.py2f(), offsets[-1], len(sources), error, 1024):
-        raise RuntimeError(f"{what}: {error.value.decode()}")
-    if lib.jaxfog_win_fill(window.id, packed.ctypes.data, packed.size, int(not zero_init),
-                           error, 1024):
-        raise RuntimeError(f"{what}: {error.value.decode()}")
-    comm.Barrier()  # no rank writes into a window before every rank has filled it
-    _windows[name] = window
-    return True
+    args = _args.win_create(name=name, zero_init=zero_init, with_weight=with_weight,
+                            src_ranks=src_ranks)
+    leaves, treedef = _args.leaves("win_create", x)
+    return backends.current().win_create(leaves, treedef, args)
 
 
 def win_free(name: str | None = None) -> bool:
-    """Frees window ``name`` (every window with ``None``) once dispatched ops
-    have finished; collective."""
-    names = list(_windows) if name is None else [_window(name, "win_free").name]
-    mpi.wait_for_dispatched()
-    for n in names:
-        ffi.library().jaxfog_win_free(_windows.pop(n).id)
-    return True
+    """Frees window ``name`` (every window with ``None``) once the ops already
+    dispatched have finished; collective."""
+    if name is not None:
+        name = _args._window_name(name, "win_free")
+    return backends.current().win_free(name)
 
 
-def _free_at_shutdown() -> None:
-    """``shutdown()`` frees the windows still open (every rank shuts down, so
-    the collective free is matched), before MPI is finalised."""
-    if _windows:
-        win_free()
-
-
-runtime._before_shutdown.append(_free_at_shutdown)
-
-
-def _put(prim, x: Any, name: str, self_weight: float | None,
-         dst_weights: Mapping[int, float] | Sequence[int] | None, what: str) -> Any:
-    window = _window(name, what)
-    leaves, treedef, avals = _layout(x, what)
-    _check_value(window, treedef, avals, what)
-    rank = runtime.rank()
-    if dst_weights is None:
-        dsts = {d: 1.0 for d in runtime.load_topology().out_neighbors(rank)}
-    else:
-        dsts = _plan.weights_dict(dst_weights, f"{what}: dst_weights", allow_list=True)
-        _plan.check_ranks(dsts, runtime.size(), rank, f"{what}: dst_weights")
-    missing = [d for d in dsts if rank not in window.region_of[d]]
-    if missing:
-        raise ValueError(f"{what}: ranks {missing} hold no slot for rank {rank} in window "
-                         f"{name!r}; declare src_ranks at win_create")
-    ranks = sorted(dsts)
-    outs = prim.bind(*leaves, win_id=window.id,
-                     self_weight=_plan.weight(1.0 if self_weight is None else self_weight,
-                                               f"{what}: self_weight"),
-                     dst_ranks=tuple(ranks),
-                     dst_regions=tuple(window.region_of[d][rank] for d in ranks),
-                     dst_weights=tuple(float(dsts[d]) for d in ranks))
-    return jax.tree.unflatten(treedef, outs)
+def _put(x: Any, name: str, self_weight: Any, dst_weights: Any, require_mutex: bool,
+         accumulate: bool) -> Any:
+    args = _args.win_put(name=name, self_weight=self_weight, dst_weights=dst_weights,
+                         require_mutex=require_mutex, accumulate=accumulate)
+    leaves, treedef = _args.leaves(args.what, x)
+    return jax.tree.unflatten(treedef, backends.current().win_put(leaves, treedef, args))
 
 
 def win_put(x: Any, name: str, *, self_weight: float | None = None,
-            dst_weights: Mapping[int, float] | Sequence[int] | None = None) -> Any:
-    """Writes ``w_j * x`` into my slot on each destination ``j`` (default: the
-    out-neighbours, weight 1.0); my published value := ``x``.
+            dst_weights: Weights | None = None, require_mutex: bool = False) -> Any:
+    """Writes ``w_k * x`` into my slot on each destination ``k``; one-sided.
+
+    Args:
+      x: the value (the window's structure, shapes and dtypes).
+      name: the window.
+      self_weight: the factor of the returned value (default 1.0).
+      dst_weights: the destinations: a dict ``{rank: weight}``, a list of
+        ranks (weight 1.0), or an array of n weights (the ranks with a
+        nonzero weight; traced values are allowed in the simulation).
+        Default: the out-neighbours, weight 1.0. Each must hold a slot for
+        this rank.
+      require_mutex: hold the destinations' mutexes while writing.
 
     Returns:
-      ``self_weight * x`` (default ``x``).
+      ``self_weight * x``. My published value becomes ``x``; each
+      destination's version for me grows by one; with a push-sum weight,
+      the slots' ``p := w_k p`` and my ``p := self_weight * p``.
     """
-    return _put(P.win_put_p, x, name, self_weight, dst_weights, "win_put")
+    return _put(x, name, self_weight, dst_weights, require_mutex, accumulate=False)
 
 
 def win_accumulate(x: Any, name: str, *, self_weight: float | None = None,
-                   dst_weights: Mapping[int, float] | Sequence[int] | None = None) -> Any:
-    """Adds ``w_j * x`` onto my slot on each destination ``j`` (MPI_Accumulate,
-    SUM; float16/bfloat16 cannot be accumulated by MPI).
+                   dst_weights: Weights | None = None, require_mutex: bool = False) -> Any:
+    """Adds ``w_k * x`` onto my slot on each destination ``k`` (MPI_Accumulate,
+    SUM); as :func:`win_put` otherwise, but the versions are untouched.
+
+    float16 and bfloat16 cannot be accumulated by MPI (a clear error).
+    With a push-sum weight the slots' ``p += w_k p`` and my
+    ``p := self_weight * p``: with column-stochastic weights
+    (``self_weight + sum_k w_k = 1``) the total mass is conserved.
+    """
+    return _put(x, name, self_weight, dst_weights, require_mutex, accumulate=True)
+
+
+def win_get(name: str, *, src_weights: Weights | None = None,
+            require_mutex: bool = False) -> bool:
+    """Reads each source ``j``'s published value into my slot for ``j``:
+    ``slot_j := w_j * v_j`` (and ``p_j := w_j * p_j``); ``version_j += 1``.
+
+    Args:
+      name: the window.
+      src_weights: as ``dst_weights`` of :func:`win_put`, over this rank's
+        sources (default: all of them, weight 1.0).
+      require_mutex: hold the sources' mutexes while reading.
 
     Returns:
-      ``self_weight * x`` (default ``x``).
+      True (the slots change; read them with :func:`win_update`).
     """
-    return _put(P.win_accumulate_p, x, name, self_weight, dst_weights, "win_accumulate")
+    args = _args.win_get(name=name, src_weights=src_weights, require_mutex=require_mutex)
+    return backends.current().win_get(args)
 
 
 def win_update(x: Any, name: str, *, self_weight: float | None = None,
-               src_weights: Mapping[int, float] | None = None, reset: bool = False) -> Any:
+               src_weights: Mapping[int, float] | Any | None = None, reset: bool = False,
+               require_mutex: bool = False) -> Any:
     """``self_weight * x + sum_j src_weights[j] * slot_j``; publishes the result.
 
-    Defaults: the current topology's row of W when the window's sources are
-    this rank's in-neighbours, else uniform ``1 / (k + 1)`` over the ``k``
-    sources and itself. With ``reset`` the slots read are zeroed afterwards.
+    Args:
+      x: this rank's value (the window's structure, shapes and dtypes).
+      name: the window.
+      self_weight, src_weights: default: the current topology's row of W when
+        the window's sources are this rank's in-neighbours, else uniform
+        ``1 / (k + 1)`` over the ``k`` sources and itself. ``src_weights`` is
+        a dict ``{rank: weight}`` or an array of n weights.
+      reset: zero the slots read (and their push-sum weights) afterwards.
+      require_mutex: hold this rank's own mutex while reading.
+
+    Returns:
+      The combination. My published value becomes it, my push-sum weight
+      ``p := self_weight * p + sum_j w_j p_j``, and the versions of the slots
+      read return to 0.
     """
-    what = "win_update"
-    window = _window(name, what)
-    leaves, treedef, avals = _layout(x, what)
-    _check_value(window, treedef, avals, what)
-    rank, topology = runtime.rank(), runtime.load_topology()
-    if tuple(topology.in_neighbors(rank)) == window.sources:
-        default_self = float(topology.weights[rank, rank])
-        default = {j: float(topology.weights[rank, j]) for j in window.sources}
-    else:
-        default_self = 1.0 / (len(window.sources) + 1)
-        default = {j: default_self for j in window.sources}
-    srcs = default if src_weights is None else _plan.weights_dict(
-        src_weights, f"{what}: src_weights", allow_list=False)
-    unknown = sorted(set(srcs) - set(window.sources))
-    if unknown:
-        raise ValueError(f"{what}: window {name!r} holds no slot for ranks {unknown} (its "
-                         f"sources are {list(window.sources)})")
-    ranks = sorted(srcs)
-    slot = {j: 1 + i for i, j in enumerate(window.sources)}
-    outs = P.win_update_p.bind(
-        *leaves, win_id=window.id,
-        self_weight=_plan.weight(default_self if self_weight is None else self_weight,
-                                  f"{what}: self_weight"),
-        src_regions=tuple(slot[j] for j in ranks),
-        src_weights=tuple(float(srcs[j]) for j in ranks), reset=bool(reset))
-    return jax.tree.unflatten(treedef, outs)
+    args = _args.win_update(name=name, self_weight=self_weight, src_weights=src_weights,
+                            reset=reset, require_mutex=require_mutex)
+    leaves, treedef = _args.leaves(args.what, x)
+    return jax.tree.unflatten(treedef, backends.current().win_update(leaves, treedef, args))
 
 
-__all__ = ["win_accumulate", "win_create", "win_free", "win_put", "win_update"]
+def win_update_then_collect(x: Any, name: str, *, require_mutex: bool = True) -> Any:
+    """``x + sum_j slot_j`` over every slot, which it drains (``reset``).
+
+    Accumulated mass is collected exactly once: a second call adds nothing
+    until more arrives. Holds this rank's mutex by default, so that
+    mutex-protected accumulates are either wholly in or wholly out.
+    """
+    args = _args.win_update(name=name, self_weight=1.0, src_weights=None, reset=True,
+                            require_mutex=require_mutex, collect=True)
+    leaves, treedef = _args.leaves(args.what, x)
+    return jax.tree.unflatten(treedef, backends.current().win_update(leaves, treedef, args))
+
+
+def win_mutex(name: str, ranks: Sequence[int] | None = None) -> ContextManager[None]:
+    """Holds the mutexes of ``ranks``' windows (default: my out-neighbours).
+
+    A context manager, usable around eager and jitted calls: the ops
+    dispatched before it finish before the mutexes are taken, and the ops
+    inside finish before they are released. Ops with ``require_mutex=True``
+    on other ranks wait for them. Mutexes are taken in rank order (no
+    deadlock between ranks contending for overlapping sets) and give up with
+    an error after ``JAXFOG_TIMEOUT``.
+    """
+    return backends.current().win_mutex(_args._window_name(name, "win_mutex"), ranks)
+
+
+def win_version(name: str) -> dict[int, int]:
+    """``{source rank: puts and gets into its slot since my last update}``.
+
+    Eager on MPI (it waits for the dispatched ops); in the simulation a
+    traced count per rank (0 where this agent holds no slot).
+    """
+    return backends.current().win_version(_args._window_name(name, "win_version"))
+
+
+def win_weight(name: str) -> Any:
+    """This rank's push-sum weight ``p`` (a window made with ``with_weight``).
+
+    Eager on MPI (a float, after the dispatched ops); traced in the
+    simulation.
+    """
+    return backends.current().win_weight(_args._window_name(name, "win_weight"))
+
+
+__all__ = ["win_accumulate", "win_create", "win_free", "win_get", "win_mutex", "win_put",
+           "win_update", "win_update_then_collect", "win_version", "win_weight"]

@@ -10,7 +10,7 @@ leaves; :class:`Backend` lists them. A new backend (NCCL) implements them.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, ContextManager, Protocol
 
 import jax
 
@@ -38,6 +38,24 @@ class Backend(Protocol):
     def allgather(self, leaves: Leaves, args: _args.Allgather) -> Leaves: ...
 
     def barrier(self) -> None: ...
+
+    # One-sided windows (jaxfog.ops.window): the public functions resolve
+    # their arguments (jaxfog.ops._args.Win*) and call these.
+    def win_create(self, leaves: Leaves, treedef: Any, args: _args.WinCreate) -> bool: ...
+
+    def win_free(self, name: str | None) -> bool: ...
+
+    def win_put(self, leaves: Leaves, treedef: Any, args: _args.WinPut) -> Leaves: ...
+
+    def win_get(self, args: _args.WinGet) -> bool: ...
+
+    def win_update(self, leaves: Leaves, treedef: Any, args: _args.WinUpdate) -> Leaves: ...
+
+    def win_version(self, name: str) -> dict[int, Any]: ...
+
+    def win_weight(self, name: str) -> Any: ...
+
+    def win_mutex(self, name: str, ranks: Any) -> ContextManager[None]: ...
 
 
 def current() -> Backend:

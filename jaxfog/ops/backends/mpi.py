@@ -7,7 +7,6 @@ static parameters; the C++ handler exchanges the messages.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax.numpy as jnp
@@ -16,7 +15,7 @@ from jaxfog import ffi, runtime
 from jaxfog import topology as T
 from jaxfog.ops import _args, _plan
 from jaxfog.ops import primitives as P
-from jaxfog.ops.jit import jit
+from jaxfog.ops.backends import mpi_windows
 
 
 def _plan_for(graph: T.Topology | T.Schedule, rank: int,
@@ -81,6 +80,16 @@ class MpiBackend:
     def barrier(self) -> None:
         P.barrier_p.bind(comm_id=runtime.WORLD_COMM_ID)
 
+    # One-sided windows: MPI-3 RMA windows in the C++ library.
+    win_create = staticmethod(mpi_windows.win_create)
+    win_free = staticmethod(mpi_windows.win_free)
+    win_put = staticmethod(mpi_windows.win_put)
+    win_get = staticmethod(mpi_windows.win_get)
+    win_update = staticmethod(mpi_windows.win_update)
+    win_version = staticmethod(mpi_windows.win_version)
+    win_weight = staticmethod(mpi_windows.win_weight)
+    win_mutex = staticmethod(mpi_windows.win_mutex)
+
 
 _BACKEND = MpiBackend()
 
@@ -90,18 +99,3 @@ def backend() -> MpiBackend:
     runtime._require()
     ffi.register_handlers()
     return _BACKEND
-
-
-@functools.cache
-def _fence():
-    return jit(P.fence_p.bind)
-
-
-def wait_for_dispatched() -> None:
-    """Blocks until the communication of every computation this thread has
-    dispatched so far has finished (PjRt runs them in dispatch order)."""
-    if runtime.is_initialized():
-        _fence()().block_until_ready()
-
-
-runtime._before_shutdown.append(wait_for_dispatched)

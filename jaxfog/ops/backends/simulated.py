@@ -35,6 +35,7 @@ from jax import lax
 from jaxfog import _context
 from jaxfog import topology as T
 from jaxfog.ops import _args
+from jaxfog.ops.backends import simulated_windows as _windows
 
 
 @contextlib.contextmanager
@@ -217,3 +218,23 @@ class SimulatedBackend:
 
     def barrier(self) -> None:
         """Simulated agents run in lockstep: nothing to wait for."""
+
+    # One-sided windows: JAX references, immediate delivery (simulated_windows).
+    def win_create(self, leaves: list, treedef: Any, args: _args.WinCreate) -> bool:
+        return _windows.win_create(self.sim, leaves, treedef, args)
+
+    def win_free(self, name: str | None) -> bool:
+        return _windows.win_free(name)
+
+    def win_put(self, leaves: list, treedef: Any, args: _args.WinPut) -> list:
+        return _windows.win_put(self.sim, leaves, treedef, args)
+
+    def win_get(self, args: _args.WinGet) -> bool:
+        return _windows.win_get(self.sim, args)
+
+    def win_update(self, leaves: list, treedef: Any, args: _args.WinUpdate) -> list:
+        return _windows.win_update(self.sim, leaves, treedef, args)
+
+    win_version = staticmethod(_windows.win_version)
+    win_weight = staticmethod(_windows.win_weight)
+    win_mutex = staticmethod(_windows.win_mutex)

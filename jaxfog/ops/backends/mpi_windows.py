@@ -1,0 +1,259 @@
+"""Windows on the MPI backend: MPI-3 RMA windows in the C++ library.
+
+``win_create`` and ``win_free`` are collective calls into the library's C
+API (a window is allocated and freed with every rank, never inside a
+handler); the data-moving ops are the FFI primitives ``win_put``,
+``win_accumulate``, ``win_get`` and ``win_update``, ordered with every other
+op on the rank; the mutex, versions and weight are read through the C API
+after the dispatched ops have finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import itertools
+from typing import Any, Iterator
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxfog import ffi, runtime
+from jaxfog.ops import _args, _plan
+from jaxfog.ops import primitives as P
+from jaxfog.ops.backends import _window_spec
+
+_ALIGN = 64  # the C++ window layout: each leaf (and the weight) at a multiple of 64 bytes
+
+#: XLA's element type codes (``xla::ffi::DataType``) of the dtypes windows hold.
+_TYPE_CODES = {np.dtype("int32"): 4, np.dtype("int64"): 5, np.dtype("float16"): 10,
+               np.dtype("float32"): 11, np.dtype("float64"): 12, np.dtype("complex64"): 15,
+               np.dtype("complex128"): 18}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Window:
+    id: int
+    spec: _window_spec.WindowSpec
+    offsets: tuple[int, ...]  # each leaf's offset in a region, then the message's extent
+    region: dict[tuple[int, int], int]  # region[dst, src]: src's slot on dst (1-based)
+
+    @property
+    def weight_offset(self) -> int:
+        return self.offsets[-1] if self.spec.with_weight else -1
+
+    @property
+    def region_bytes(self) -> int:
+        return self.offsets[-1] + (_ALIGN if self.spec.with_weight else 0)
+
+
+_windows: dict[str, _Window] = {}
+_ids = itertools.count(1)
+
+
+def _offsets(avals) -> tuple[int, ...]:
+    offsets, at = [], 0
+    for shape, dtype in avals:
+        offsets.append(at)
+        at += -(-int(np.prod(shape, dtype=np.int64)) * dtype.itemsize // _ALIGN) * _ALIGN
+    return (*offsets, at)
+
+
+def _type_code(dtype: np.dtype) -> int:
+    return 16 if dtype == np.dtype(jnp.bfloat16) else _TYPE_CODES[dtype]
+
+
+def lookup(name: str, what: str) -> _Window:
+    if name not in _windows:
+        known = ", ".join(sorted(_windows)) or "none"
+        raise ValueError(f"{what}: no window named {name!r} (windows: {known}); create it "
+                         "with jaxfog.win_create")
+    return _windows[name]
+
+
+def _call(function, *args) -> None:
+    error = ctypes.create_string_buffer(1024)
+    if function(*args, error, 1024):
+        raise RuntimeError(f"jaxfog window: {error.value.decode()}")
+
+
+def win_create(leaves: list, treedef: Any, args: _args.WinCreate) -> bool:
+    what = args.what
+    if args.name in _windows:
+        raise ValueError(f"{what}: window {args.name!r} exists already (win_free it first)")
+    rank, size, topology = runtime.rank(), runtime.size(), runtime.load_topology()
+    sources = (tuple(topology.in_neighbors(rank)) if args.src_ranks is None
+               else tuple(r for r in args.src_ranks if r != rank))
+    comm = runtime.communicator()
+    mine = (args.name, _window_spec.describe(leaves, treedef), args.with_weight)
+    everyone = comm.allgather((mine, sources))
+    differing = [r for r, (theirs, _) in enumerate(everyone) if theirs != mine]
+    if differing:
+        raise ValueError(f"{what}: ranks {differing} passed a different name, structure, "
+                         f"shape, dtype or with_weight from rank {rank}; every rank must "
+                         "create the same window")
+    has_slot = np.zeros((size, size), bool)
+    region = {}
+    for dst, (_, srcs) in enumerate(everyone):
+        for slot, src in enumerate(srcs):
+            has_slot[dst, src] = True
+            region[dst, src] = 1 + slot
+    spec = _window_spec.WindowSpec.make(args.name, treedef, _window_spec.layout(leaves),
+                                        args.with_weight, has_slot, topology)
+    window = _Window(next(_ids), spec, _offsets(spec.avals), region)
+    avals = spec.avals
+    lib = ffi.library()
+    # Kept alive across the call (ctypes takes their addresses).
+    types = np.array([_type_code(d) for _, d in avals], np.int32)
+    offsets = np.array(window.offsets[:-1], np.int64)
+    sizes = np.array([int(np.prod(s, dtype=np.int64)) * d.itemsize for s, d in avals], np.int64)
+    _call(lib.jaxfog_win_create, window.id, comm.py2f(), len(avals), types.ctypes.data,
+          offsets.ctypes.data, sizes.ctypes.data, window.offsets[-1], window.weight_offset,
+          len(sources), runtime.timeout())
+    packed = np.zeros(window.region_bytes, np.uint8)
+    for leaf, at in zip(leaves, window.offsets):
+        data = np.ascontiguousarray(np.asarray(leaf)).view(np.uint8).reshape(-1)
+        packed[at:at + data.size] = data
+    if args.with_weight:
+        packed[window.weight_offset:window.weight_offset + 8] = np.array([1.0]).view(np.uint8)
+    _call(lib.jaxfog_win_fill, window.id, packed.ctypes.data, packed.size,
+          int(not args.zero_init))
+    comm.Barrier()  # no rank writes into a window before every rank has filled it
+    _windows[args.name] = window
+    return True
+
+
+def win_free(name: str | None) -> bool:
+    names = list(_windows) if name is None else [lookup(name, "win_free").spec.name]
+    P.wait_for_dispatched()
+    for n in names:
+        ffi.library().jaxfog_win_free(_windows.pop(n).id)
+    return True
+
+
+def _free_at_shutdown() -> None:
+    """``shutdown()`` frees the windows still open (every rank shuts down, so
+    the collective free is matched), before MPI is finalised."""
+    if _windows:
+        win_free(None)
+
+
+runtime._before_shutdown.append(_free_at_shutdown)
+
+
+def _named(peers: _args.Peers | None, default: np.ndarray, what: str,
+           label: str) -> dict[int, float]:
+    """``{rank: weight}`` from resolved peers (static here) or the default row."""
+    if peers is None:
+        return {int(r): float(default[r]) for r in np.flatnonzero(default)}
+    if not isinstance(peers.mask, np.ndarray):
+        raise ValueError(f"{what}: under MPI {label} must be static (a dict, a list or a "
+                         "concrete array), not a traced value")
+    return {int(r): float(peers.weights[r]) for r in np.flatnonzero(peers.mask)}
+
+
+def _self_weight(value: Any, default: float, what: str) -> float:
+    return _plan.weight(default if value is None else value, f"{what}: self_weight")
+
+
+def win_put(leaves: list, treedef: Any, args: _args.WinPut) -> list:
+    window = lookup(args.name, args.what)
+    window.spec.check_value(treedef, leaves, args.what)
+    rank, topology = runtime.rank(), runtime.load_topology()
+    out_neighbors = np.zeros(runtime.size())
+    out_neighbors[list(topology.out_neighbors(rank))] = 1.0
+    dsts = _named(args.dst, out_neighbors, args.what, "dst_weights")
+    window.spec.check_sources(np.array(sorted(dsts), int), np.full(len(dsts), rank), args.what)
+    ranks = tuple(sorted(dsts))
+    prim = P.win_accumulate_p if args.accumulate else P.win_put_p
+    return prim.bind(*leaves, win_id=window.id,
+                     self_weight=_self_weight(args.self_weight, 1.0, args.what),
+                     dst_ranks=ranks, dst_regions=tuple(window.region[d, rank] for d in ranks),
+                     dst_weights=tuple(dsts[d] for d in ranks),
+                     require_mutex=args.require_mutex)
+
+
+def _sources(window: _Window, peers: _args.Peers | None, default: np.ndarray,
+             what: str) -> dict[int, float]:
+    rank = runtime.rank()
+    srcs = _named(peers, default, what, "src_weights")
+    unknown = sorted(set(srcs) - set(np.flatnonzero(window.spec.sources[rank])))
+    if unknown:
+        raise ValueError(f"{what}: window {window.spec.name!r} holds no slot for ranks "
+                         f"{unknown} (its sources are "
+                         f"{list(np.flatnonzero(window.spec.sources[rank]))})")
+    return srcs
+
+
+def win_get(args: _args.WinGet) -> bool:
+    window = lookup(args.name, args.what)
+    rank = runtime.rank()
+    srcs = _sources(window, args.src, window.spec.sources[rank].astype(float), args.what)
+    ranks = tuple(sorted(srcs))
+    P.win_get_p.bind(win_id=window.id, self_weight=1.0, src_ranks=ranks,
+                     src_regions=tuple(window.region[rank, j] for j in ranks),
+                     src_weights=tuple(srcs[j] for j in ranks),
+                     require_mutex=args.require_mutex)
+    return True
+
+
+def win_update(leaves: list, treedef: Any, args: _args.WinUpdate) -> list:
+    window = lookup(args.name, args.what)
+    window.spec.check_value(treedef, leaves, args.what)
+    rank = runtime.rank()
+    default = (window.spec.sources[rank].astype(float) if args.collect
+               else window.spec.src_weights[rank])
+    srcs = _sources(window, args.src, default, args.what)
+    ranks = sorted(srcs)
+    return P.win_update_p.bind(
+        *leaves, win_id=window.id,
+        self_weight=_self_weight(args.self_weight, window.spec.self_weight[rank], args.what),
+        src_regions=tuple(window.region[rank, j] for j in ranks),
+        src_weights=tuple(srcs[j] for j in ranks), reset=args.reset,
+        require_mutex=args.require_mutex)
+
+
+def _state(window: _Window) -> tuple[dict[int, int], float]:
+    P.wait_for_dispatched()
+    rank = runtime.rank()
+    sources = [int(j) for j in np.flatnonzero(window.spec.sources[rank])]
+    versions = np.zeros(max(len(sources), 1), np.int64)
+    weight = ctypes.c_double()
+    _call(ffi.library().jaxfog_win_state, window.id, versions.ctypes.data,
+          ctypes.byref(weight))
+    by_slot = sorted(sources, key=lambda j: window.region[rank, j])
+    return {j: int(versions[window.region[rank, j] - 1]) for j in by_slot}, weight.value
+
+
+def win_version(name: str) -> dict[int, int]:
+    return _state(lookup(name, "win_version"))[0]
+
+
+def win_weight(name: str) -> float:
+    window = lookup(name, "win_weight")
+    if not window.spec.with_weight:
+        raise ValueError(f"win_weight: window {name!r} was created without with_weight=True")
+    return _state(window)[1]
+
+
+@contextlib.contextmanager
+def win_mutex(name: str, ranks: Any) -> Iterator[None]:
+    window = lookup(name, "win_mutex")
+    rank, size = runtime.rank(), runtime.size()
+    if ranks is None:
+        ranks = runtime.load_topology().out_neighbors(rank)
+    ranks = list(ranks)
+    for r in ranks:
+        if isinstance(r, (bool, np.bool_)) or not isinstance(r, (int, np.integer)) or not (
+                0 <= r < size):
+            raise ValueError(f"win_mutex: {r!r} is not a rank in [0, {size})")
+    held = np.array(sorted({int(r) for r in ranks}), np.int64)
+    lib = ffi.library()
+    P.wait_for_dispatched()
+    _call(lib.jaxfog_win_mutex, window.id, held.ctypes.data, held.size, 1)
+    try:
+        yield
+    finally:
+        P.wait_for_dispatched()  # what ran under the mutex has finished
+        _call(lib.jaxfog_win_mutex, window.id, held.ctypes.data, held.size, 0)

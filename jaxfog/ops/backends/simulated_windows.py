@@ -1,0 +1,348 @@
+"""Windows on simulated agents: the window state as JAX references.
+
+Every agent runs the same window op at once (the agents are one vmapped
+trace), so a put or accumulate is delivered at once: each destination's
+slot holds it before anyone's next op (immediate delivery), and the mutex
+is trivially held. An agent's window state is
+
+* ``published``: its published value (the window's leaves);
+* ``slots``: one slot per rank (leading axis n; only the sources' are used);
+* ``versions`` (n,), and ``p``/``slot_p`` (the push-sum weights);
+
+kept in ``jax.Ref`` s, so that ops inside ``lax.scan``, ``fori_loop`` and
+``jax.jit`` update them in place. A window outlives the simulated call that
+created it: :func:`jaxfog.simulate` hands the windows that exist to each
+call (:func:`bound`) and keeps those the call created (:func:`keep`), so a
+Python loop of jitted simulated steps shares its windows like MPI processes
+do. ``win_create``/``win_free`` take effect when the function that calls them
+is traced.
+
+Exchanges: one ``lax.ppermute`` per rank offset that some agent uses (every
+offset when the peers are traced), as for neighbour averaging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxfog import _context
+from jaxfog import topology as T
+from jaxfog.ops import _args
+from jaxfog.ops.backends import _window_spec
+
+
+@dataclasses.dataclass
+class _Window:
+    spec: _window_spec.WindowSpec
+    refs: dict  # the state's references (this agent's view inside the trace)
+
+
+# Windows that outlive a simulated call: name -> (spec, stacked references).
+_kept: dict[str, _Window] = {}
+
+
+class _Session:
+    """The windows one simulated call sees, and what it creates and frees."""
+
+    def __init__(self, windows: dict[str, _Window]):
+        self.windows = dict(windows)
+        self.created: set[str] = set()
+        self.freed: set[str] = set()
+
+
+class _Sessions(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[_Session] = []
+
+
+_sessions = _Sessions()
+
+
+def kept_refs() -> dict[str, dict]:
+    """The references of every window that exists, to pass into a simulated call."""
+    return {name: window.refs for name, window in _kept.items()}
+
+
+@contextlib.contextmanager
+def bound(refs: dict[str, dict]) -> Iterator[_Session]:
+    """Makes the windows ``refs`` (this agent's views) current while ``fn`` runs."""
+    session = _Session({name: _Window(_kept[name].spec, r) for name, r in refs.items()})
+    _sessions.stack.append(session)
+    try:
+        yield session
+    finally:
+        _sessions.stack.pop()
+
+
+def created_states(session: _Session) -> dict[str, dict]:
+    """The final state of the windows this call created (to :func:`keep`)."""
+    return {name: jax.tree.map(lambda r: r[...], session.windows[name].refs)
+            for name in session.created if name in session.windows}
+
+
+def keep(session_specs: dict[str, _window_spec.WindowSpec], states: dict[str, dict],
+         freed: set[str]) -> None:
+    """Outside the vmap: keeps the windows created by a call (stacked states)."""
+    for name in freed:
+        _kept.pop(name, None)
+    for name, state in states.items():
+        def persistent(value):
+            with jax.ensure_compile_time_eval():
+                ref = jax.new_ref(jnp.zeros(value.shape, value.dtype))
+            ref[...] = value
+            return ref
+
+        _kept[name] = _Window(session_specs[name], jax.tree.map(persistent, state))
+
+
+def _session(what: str) -> _Session:
+    if not _sessions.stack:
+        raise RuntimeError(f"{what}: windows in the simulation need jaxfog.simulate")
+    return _sessions.stack[-1]
+
+
+def _lookup(name: str, what: str) -> _Window:
+    windows = _session(what).windows
+    if name not in windows:
+        known = ", ".join(sorted(windows)) or "none"
+        raise ValueError(f"{what}: no window named {name!r} (windows: {known}); create it "
+                         "with jaxfog.win_create")
+    return windows[name]
+
+
+def _weight_dtype():
+    return jnp.result_type(float)
+
+
+@contextlib.contextmanager
+def _numerics(dtype) -> Iterator[Any]:
+    """The type sums of ``dtype`` are computed in (as the C++ handlers)."""
+    if jnp.issubdtype(dtype, jnp.integer):
+        with jax.enable_x64(True):
+            yield jnp.float64
+    elif dtype in (jnp.float16, jnp.bfloat16):
+        yield jnp.float32
+    else:
+        yield dtype
+
+
+def _scaled(x, w):
+    """``w * x`` with the handlers' numerics (integers rounded half to even)."""
+    with _numerics(x.dtype) as acc:
+        value = jnp.asarray(w).astype(acc) * x.astype(acc)
+        if jnp.issubdtype(x.dtype, jnp.integer):
+            value = jnp.round(value)
+        return value.astype(x.dtype)
+
+
+def _row(matrix: np.ndarray, sim: _context.Simulation):
+    return jnp.asarray(matrix)[sim.rank]
+
+
+def _sources_of(sim: _context.Simulation, src_ranks: tuple[int, ...] | None) -> np.ndarray:
+    n = sim.size
+    sources = np.zeros((n, n), bool)
+    if src_ranks is not None:
+        sources[:, list(src_ranks)] = True
+    else:
+        graphs = (sim.topology.entries if isinstance(sim.topology, T.Schedule)
+                  else [sim.topology])
+        for graph in graphs:
+            sources |= graph.weights != 0
+    np.fill_diagonal(sources, False)
+    return sources
+
+
+def win_create(sim: _context.Simulation, leaves: list, treedef: Any,
+               args: _args.WinCreate) -> bool:
+    session = _session(args.what)
+    if args.name in session.windows:
+        raise ValueError(f"{args.what}: window {args.name!r} exists already (win_free it "
+                         "first)")
+    sources = _sources_of(sim, args.src_ranks)
+    spec = _window_spec.WindowSpec.make(args.name, treedef, _window_spec.layout(leaves),
+                                        args.with_weight, sources, sim.topology)
+    n, has = sim.size, _row(sources, sim)
+    fill = 0.0 if args.zero_init else 1.0
+    state = {
+        "published": list(leaves),
+        "slots": [jnp.broadcast_to(leaf * jnp.asarray(fill).astype(leaf.dtype),
+                                   (n, *leaf.shape)) for leaf in leaves],
+        "versions": jnp.zeros(n, jnp.int32),
+        "p": jnp.ones((), _weight_dtype()),
+        "slot_p": jnp.where(has, fill, 0.0).astype(_weight_dtype()),
+    }
+    session.windows[args.name] = _Window(spec, jax.tree.map(jax.new_ref, state))
+    session.created.add(args.name)
+    return True
+
+
+def win_free(name: str | None) -> bool:
+    session = _session("win_free")
+    names = list(session.windows) if name is None else [_lookup(name, "win_free").spec.name]
+    for n in names:
+        del session.windows[n]
+        session.created.discard(n)
+        session.freed.add(n)
+    return True
+
+
+def _get(window: _Window) -> dict:
+    return jax.tree.map(lambda r: r[...], window.refs)
+
+
+def _set(window: _Window, state: dict) -> None:
+    jax.tree.map(lambda r, v: r.__setitem__(Ellipsis, v), window.refs, state)
+
+
+def _peer_rows(peers: _args.Peers | None, default: np.ndarray, sim: _context.Simulation):
+    """(mask row, weight row, static mask matrix or None) for this agent."""
+    n = sim.size
+    not_self = jnp.arange(n) != sim.rank
+    if peers is None:
+        mask = default != 0
+        return _row(mask, sim), _row(default, sim), mask
+    if isinstance(peers.mask, np.ndarray):  # the same ranks for every agent
+        mask = np.broadcast_to(peers.mask, (n, n)) & ~np.eye(n, dtype=bool)
+        return _row(mask, sim), jnp.asarray(peers.weights) * not_self, mask
+    return peers.mask & not_self, jnp.where(peers.mask & not_self, peers.weights, 0.0), None
+
+
+def _offsets(static_mask: np.ndarray | None, n: int) -> list[int]:
+    """The offsets ``o`` (``k = i + o``) that some agent uses."""
+    if static_mask is None:
+        return list(range(1, n))
+    rows = np.arange(n)
+    return [o for o in range(1, n) if static_mask[rows, (rows + o) % n].any()]
+
+
+def win_put(sim: _context.Simulation, leaves: list, treedef: Any,
+            args: _args.WinPut) -> list:
+    window = _lookup(args.name, args.what)
+    spec = window.spec
+    spec.check_value(treedef, leaves, args.what)
+    n, i = sim.size, sim.rank
+    # Default: the out-neighbours (with a schedule, every rank holding a slot for me).
+    edges = (sim.topology.weights != 0 if isinstance(sim.topology, T.Topology)
+             else spec.sources)
+    out_edges = (edges.T & ~np.eye(n, dtype=bool)).astype(np.float64)
+    mask, weights, static = _peer_rows(args.dst, out_edges, sim)
+    if static is not None:
+        senders, receivers = np.nonzero(static)
+        spec.check_sources(receivers, senders, args.what)
+    self_weight = 1.0 if args.self_weight is None else args.self_weight
+    state = _get(window)
+    slots, versions, slot_p = list(state["slots"]), state["versions"], state["slot_p"]
+    for o in _offsets(static, n):
+        k = (i + o) % n  # my destination at this offset
+        perm = [(s, (s + o) % n) for s in range(n)]
+        flag = lax.ppermute(mask[k], sim.axis_name, perm)
+        w = weights[k]
+        sent = [lax.ppermute(_scaled(leaf, w), sim.axis_name, perm) for leaf in leaves]
+        sent_p = lax.ppermute(w * state["p"], sim.axis_name, perm)
+        s = (i - o) % n  # the sender whose message I receive
+        ok = flag & _row(spec.sources, sim)[s]
+        for l, value in enumerate(sent):
+            old = slots[l][s]
+            new = old + jnp.where(ok, value, jnp.zeros_like(value)) if args.accumulate else (
+                jnp.where(ok, value, old))
+            slots[l] = slots[l].at[s].set(new)
+        slot_p = slot_p.at[s].set(slot_p[s] + jnp.where(ok, sent_p, 0.0) if args.accumulate
+                                  else jnp.where(ok, sent_p, slot_p[s]))
+        if not args.accumulate:
+            versions = versions.at[s].add(ok.astype(versions.dtype))
+    _set(window, {"published": list(leaves), "slots": slots, "versions": versions,
+                  "p": (self_weight * state["p"]).astype(state["p"].dtype),
+                  "slot_p": slot_p.astype(state["slot_p"].dtype)})
+    return [_scaled(leaf, self_weight) for leaf in leaves]
+
+
+def win_get(sim: _context.Simulation, args: _args.WinGet) -> bool:
+    window = _lookup(args.name, args.what)
+    spec = window.spec
+    n, i = sim.size, sim.rank
+    mask, weights, static = _peer_rows(args.src, spec.sources.astype(float), sim)
+    if static is not None:
+        receivers, senders = np.nonzero(static)
+        spec.check_sources(receivers, senders, args.what)
+    state = _get(window)
+    slots, versions, slot_p = list(state["slots"]), state["versions"], state["slot_p"]
+    for o in _offsets(static, n):
+        j = (i + o) % n  # the source I read at this offset
+        perm = [(s, (s - o) % n) for s in range(n)]
+        ok = mask[j] & _row(spec.sources, sim)[j]
+        w = weights[j]
+        for l, leaf in enumerate(state["published"]):
+            value = _scaled(lax.ppermute(leaf, sim.axis_name, perm), w)
+            slots[l] = slots[l].at[j].set(jnp.where(ok, value, slots[l][j]))
+        their_p = lax.ppermute(state["p"], sim.axis_name, perm)
+        slot_p = slot_p.at[j].set(jnp.where(ok, w * their_p, slot_p[j]))
+        versions = versions.at[j].add(ok.astype(versions.dtype))
+    _set(window, {**state, "slots": slots, "versions": versions,
+                  "slot_p": slot_p.astype(state["slot_p"].dtype)})
+    return True
+
+
+def win_update(sim: _context.Simulation, leaves: list, treedef: Any,
+               args: _args.WinUpdate) -> list:
+    window = _lookup(args.name, args.what)
+    spec = window.spec
+    spec.check_value(treedef, leaves, args.what)
+    sources = _row(spec.sources, sim)
+    if args.collect:
+        mask, weights, self_weight = sources, sources.astype(float), 1.0
+    else:
+        mask, weights, static = _peer_rows(args.src, spec.src_weights, sim)
+        if args.src is not None and static is not None:
+            receivers, senders = np.nonzero(static)
+            spec.check_sources(receivers, senders, args.what)
+        if args.src is None:
+            mask = sources
+        self_weight = (_row(spec.self_weight, sim) if args.self_weight is None
+                       else args.self_weight)
+    mask = mask & sources
+    weights = jnp.where(mask, weights, 0.0)
+    state = _get(window)
+    out, slots = [], []
+    for leaf, slot in zip(leaves, state["slots"]):
+        with _numerics(leaf.dtype) as acc:
+            total = jnp.asarray(self_weight).astype(acc) * leaf.astype(acc) + jnp.tensordot(
+                weights.astype(acc), slot.astype(acc), axes=1)
+            if jnp.issubdtype(leaf.dtype, jnp.integer):
+                total = jnp.round(total)
+            out.append(total.astype(leaf.dtype))
+        if args.reset:
+            keep = (~mask).reshape((-1,) + (1,) * leaf.ndim)
+            slot = jnp.where(keep, slot, jnp.zeros_like(slot))
+        slots.append(slot)
+    p = self_weight * state["p"] + jnp.dot(weights.astype(state["p"].dtype), state["slot_p"])
+    slot_p = jnp.where(mask, 0.0, state["slot_p"]) if args.reset else state["slot_p"]
+    _set(window, {"published": out, "slots": slots,
+                  "versions": jnp.where(mask, 0, state["versions"]),
+                  "p": p.astype(state["p"].dtype), "slot_p": slot_p.astype(state["p"].dtype)})
+    return out
+
+
+def win_version(name: str) -> dict[int, Any]:
+    versions = _get(_lookup(name, "win_version"))["versions"]
+    return {j: versions[j] for j in range(versions.shape[0])}
+
+
+def win_weight(name: str) -> Any:
+    window = _lookup(name, "win_weight")
+    if not window.spec.with_weight:
+        raise ValueError(f"win_weight: window {name!r} was created without with_weight=True")
+    return _get(window)["p"]
+
+
+def win_mutex(name: str, ranks: Any) -> contextlib.AbstractContextManager[None]:
+    _lookup(name, "win_mutex")
+    return contextlib.nullcontext()
