@@ -50,6 +50,7 @@ WARMUP = 10
 # The sweep over sizes runs PASSES times; a cell is the median of its passes' medians,
 # so that a stretch of load from other work on the machine spoils one pass only.
 PASSES = 3
+LOOP = 10  # ops per call in the diagnostic loops
 # Other work shares this machine. Before each block of samples the ranks sleep
 # until the rest of the machine uses at most QUIET_CORES (waiting at most
 # MAX_WAIT_S over a run); during the block, the CPU time the machine spent
@@ -258,6 +259,7 @@ def worker(args) -> None:
 
     sizes = SIZES[::3] if args.quick else SIZES
     update_sum = jax.jit(lambda x, s: w_self * x + sum(w * y for w, y in zip(w_in, s)))
+    scale = jax.jit(lambda v: v * 2.0)
     load_before = os.getloadavg()
     if rank == 0:
         print(f"machine: {machine()}\nexponential graph, {size} ranks: out-neighbours of "
@@ -274,6 +276,12 @@ def worker(args) -> None:
         put = jf.jit(lambda v: W.win_put(v, name))
         acc = jf.jit(lambda v: W.win_accumulate(v, name))
         upd = jf.jit(lambda v: W.win_update(v, name))
+        # Diagnostics: the ops with no per-call dispatch (LOOP of them in one
+        # call), and a jitted call that returns one fresh scaled copy of x.
+        put_loop = jf.jit(lambda v: jax.lax.fori_loop(
+            0, LOOP, lambda i, y: W.win_put(y, name), v))
+        upd_loop = jf.jit(lambda v: jax.lax.fori_loop(
+            0, LOOP, lambda i, y: W.win_update(y, name), v))
 
         # mpi4py, the same layout
         win = MPI.Win.Allocate((1 + len(ins)) * nbytes, 4, comm=comm)
@@ -318,7 +326,12 @@ def worker(args) -> None:
             "accumulate_base": lambda: base_put(True),
             "update_jaxfog": lambda: upd(x).block_until_ready(),
             "update_base": lambda: update_sum(x, slots).block_until_ready(),
+            "put_loop": lambda: put_loop(x).block_until_ready(),
+            "update_loop": lambda: upd_loop(x).block_until_ready(),
+            "scale_jit": lambda: scale(x).block_until_ready(),
         }, repeats_for(nbytes))
+        times["put_loop"] /= LOOP
+        times["update_loop"] /= LOOP
         comm.Barrier()
         win.Free()
         W.win_free(name)
@@ -337,7 +350,9 @@ def worker(args) -> None:
     rows = [combine(nbytes, [p[nbytes] for p in passes]) for nbytes in sizes]
     if rank == 0:
         print(f"\nmedian of {PASSES} passes\n{HEADER}\n{RULE}\n"
-              + "\n".join(format_row(r) for r in rows), flush=True)
+              + "\n".join(format_row(r) for r in rows)
+              + f"\n\n{DIAG_HEADER}\n{DIAG_RULE}\n" + "\n".join(diag_row(r) for r in rows),
+              flush=True)
     shared = shared_memory(comm, MPI, sizes, measure) if size == 2 else []
     if rank != 0:
         return
@@ -346,7 +361,8 @@ def worker(args) -> None:
              f"to {outs}); float32 arrays. Each cell: the median of up to {PASSES} passes' "
              "medians over samples (30 to 200 per pass by size, after a warm-up) of the "
              "slowest rank's time for one blocking call; the ranks meet at a barrier "
-             "before every sample and the six functions of a size are interleaved sample "
+             "before every sample and the nine functions of a size (six compared, three "
+             "diagnostic) are interleaved sample "
              f"by sample. {LOAD_NOTE} Load average (1 min) before / after the run: "
              f"{load_before[0]:.2f} / {os.getloadavg()[0]:.2f}; waited {waited[0]:.0f} s "
              "for a quiet machine"
@@ -364,7 +380,13 @@ def worker(args) -> None:
              HEADER, RULE] + [format_row(r) for r in rows]
     passed = sum(cell.count("pass") for cell in lines[-len(rows):])
     failed = sum(cell.count("FAIL") for cell in lines[-len(rows):])
-    lines += ["", f"{passed} targets met, {failed} missed."]
+    lines += ["", f"{passed} targets met, {failed} missed.", "",
+              "## Where the time goes (diagnostics, same runs)", "",
+              f"per op in loop: `jaxfog.jit` of a `lax.fori_loop` of {LOOP} ops, divided "
+              f"by {LOOP} (no per-call JAX dispatch); `jax.jit(v * 2)`: a jitted call that "
+              "returns one fresh scaled copy of x (JAX's dispatch plus one pass over the "
+              "data, what producing win_put's returned `self_weight * x` costs at least).",
+              "", DIAG_HEADER, DIAG_RULE] + [diag_row(r) for r in rows]
     text = "\n".join(lines) + "\n"
     if not args.quick:
         RESULTS.mkdir(parents=True, exist_ok=True)
@@ -420,6 +442,18 @@ def format_row(row: dict) -> str:
               "pass" if ours <= UPDATE_RATIO * theirs else f"FAIL (> {UPDATE_RATIO}x)",
               load_cell(row)]
     return "| " + " | ".join(cells) + " |"
+
+
+DIAG_HEADER = ("| size | put jaxfog (us) | put per op in loop (us) | put mpi4py (us) | "
+               "jax.jit(v * 2) (us) | update jaxfog (us) | update per op in loop (us) | "
+               "jitted sum (us) |")
+DIAG_RULE = "|---" * 8 + "|"
+
+
+def diag_row(row: dict) -> str:
+    keys = ("put_jaxfog", "put_loop", "put_base", "scale_jit", "update_jaxfog",
+            "update_loop", "update_base")
+    return f"| {human(row['bytes'])} | " + " | ".join(f"{row[k]:.1f}" for k in keys) + " |"
 
 
 def load_cell(row: dict) -> str:

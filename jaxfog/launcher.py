@@ -63,6 +63,11 @@ def mpi_flavour(mpiexec: str) -> str:
     return "unknown"
 
 
+#: MPICH's asynchronous progress (a thread per rank that progresses one-sided
+#: operations); ``jaxfog run`` turns it on for runs over several hosts.
+ASYNC_PROGRESS_ENV = "MPIR_CVAR_ASYNC_PROGRESS"
+
+
 def build_command(command: Sequence[str], np: int, *, hosts: str | None = None,
                   hostfile: str | None = None, mpi_args: Sequence[str] = (),
                   mpiexec: str | None = None, flavour: str | None = None,
@@ -96,6 +101,10 @@ def build_command(command: Sequence[str], np: int, *, hosts: str | None = None,
             args += ["-hosts", hosts]
         if hostfile:
             args += ["-f", hostfile]
+        if flavour == "hydra" and (hosts or hostfile) and ASYNC_PROGRESS_ENV not in env:
+            # Passive-target RMA (jaxfog's windows) across nodes completes only
+            # while the target enters MPI; MPICH's progress thread does that.
+            args += ["-genv", ASYNC_PROGRESS_ENV, "1"]
     args += list(mpi_args)
     if rank_shim:
         args += [sys.executable, str(Path(__file__).resolve())]

@@ -46,3 +46,16 @@ def test_exact_diffusion_reaches_the_centralized_solution():
     history = _example("exact_diffusion").main(["--iterations", "1800",
                                                  "--report-every", "600"])
     assert history[-1][1] < 1e-8
+
+
+@mpi_test(nprocs=(2, 4, 5), timeout=240)
+def test_async_consensus_reaches_the_average_with_a_slow_rank():
+    import numpy as np
+
+    import jaxfog as jf
+
+    result = _example("async_consensus").main(["--steps", "120", "--dim", "16"])
+    assert result["final"] < 1e-10, result["final"]
+    assert result["errors"][-1] < 1e-6  # converging while the slow rank lags
+    np.testing.assert_allclose(result["mass"][-1], jf.size(), rtol=1e-12)  # sum of p
+    np.testing.assert_allclose(result["mass"][:-1], result["initial"], rtol=1e-12)

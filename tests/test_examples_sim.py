@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -51,3 +52,11 @@ def test_dgd_simulated_stalls_at_the_same_bias_as_mpi():
     (_, big), (_, small) = history.items()
     assert abs(big[-1][1] - 9.766e-2) < 1e-4  # the MPI run's bias (4 processes)
     assert small[-1][1] < big[-1][1]
+
+
+def test_async_consensus_simulated():
+    """Simulated agents run in lockstep: the same code is synchronous push-sum."""
+    result = _example("async_consensus").main(["--steps", "60", "--dim", "8", "--agents", "5"])
+    assert (result["final"] < 1e-10).all()
+    np.testing.assert_allclose(result["mass"][-1], 5, rtol=1e-12)
+    np.testing.assert_allclose(result["mass"][:-1], result["initial"], rtol=1e-12)

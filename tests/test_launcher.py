@@ -18,12 +18,21 @@ def test_hydra_command():
     args = launcher.build_command(["python", "train.py", "--lr", "0.1"], 4,
                                   hosts="a:2,b:2", mpi_args=["-bind-to", "core"],
                                   mpiexec="/x/mpiexec", flavour="hydra", env={})
-    assert args == ["/x/mpiexec", "-n", "4", "-genvall", "-hosts", "a:2,b:2",
+    progress = ["-genv", "MPIR_CVAR_ASYNC_PROGRESS", "1"]  # several hosts: RMA progress
+    assert args == ["/x/mpiexec", "-n", "4", "-genvall", "-hosts", "a:2,b:2", *progress,
                     "-bind-to", "core", sys.executable, SHIM,
                     "python", "train.py", "--lr", "0.1"]
     args = launcher.build_command(["a.out"], 2, hostfile="hosts.txt", mpiexec="/x/mpiexec",
                                   flavour="hydra", env={}, rank_shim=False)
-    assert args == ["/x/mpiexec", "-n", "2", "-genvall", "-f", "hosts.txt", "a.out"]
+    assert args == ["/x/mpiexec", "-n", "2", "-genvall", "-f", "hosts.txt", *progress, "a.out"]
+    # The user's own setting wins; one node needs no progress thread.
+    args = launcher.build_command(["a.out"], 2, hostfile="h", mpiexec="/x/mpiexec",
+                                  flavour="hydra", env={"MPIR_CVAR_ASYNC_PROGRESS": "0"},
+                                  rank_shim=False)
+    assert "MPIR_CVAR_ASYNC_PROGRESS" not in args
+    args = launcher.build_command(["a.out"], 2, mpiexec="/x/mpiexec", flavour="hydra", env={},
+                                  rank_shim=False)
+    assert args == ["/x/mpiexec", "-n", "2", "-genvall", "a.out"]
 
 
 def test_openmpi_command_forwards_environment():

@@ -276,3 +276,41 @@ def test_a_dead_peer_ends_the_job_not_a_hang():
     assert not result.ok
     assert result.returncode is not None, result.report()  # ended, not killed by the harness
     assert result.seconds < 60, result.report()
+
+
+@mpi_test(nprocs=(2, 4))
+def test_inside_scan_fori_loop_and_jit():
+    """Put then update in lax.scan and fori_loop under jf.jit and jax.jit is
+    neighbour averaging (W^k x); versions and the weight read inside the trace."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog as jf
+    import jaxfog.topology as T
+    from jaxfog.ops import window as W
+
+    jax.config.update("jax_enable_x64", True)
+    jf.init()
+    r, n = jf.rank(), jf.size()
+    jf.set_topology(T.ring(n))
+    X = np.random.default_rng(3).standard_normal((n, 5))
+    W.win_create({"x": jnp.asarray(X[r])}, "s", with_weight=True)
+
+    def step(c):
+        W.win_put(c, "s")
+        jf.barrier()  # every put landed
+        c = W.win_update(c, "s")
+        jf.barrier()  # every update read its slots before the next puts
+        return c
+
+    scan = jf.jit(lambda v: jax.lax.scan(lambda c, _: (step(c), None), v, None, length=3)[0])
+    loop = jax.jit(lambda v: jax.lax.fori_loop(0, 2, lambda _, c: step(c), v))
+    got = loop(scan({"x": jnp.asarray(X[r])}))["x"]
+    expected = np.linalg.matrix_power(T.ring(n).weights, 5) @ X
+    np.testing.assert_allclose(got, expected[r], rtol=1e-12)
+    versions, weight = jf.jit(lambda: (W.win_version("s"), W.win_weight("s")))()
+    assert {j: int(v) for j, v in versions.items()} == W.win_version("s")
+    np.testing.assert_allclose(weight, W.win_weight("s"))
+    jf.barrier()
+    W.win_free("s")

@@ -93,9 +93,9 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_win_create.argtypes = [i64, ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, i64,
                                       ctypes.c_double, *err]
     lib.jaxfog_win_fill.argtypes = [i64, ptr, i64, ctypes.c_int, *err]
-    lib.jaxfog_win_state.argtypes = [i64, ptr, ctypes.POINTER(ctypes.c_double), *err]
+    lib.jaxfog_win_query.argtypes = [i64, ptr, ctypes.POINTER(ctypes.c_double), *err]
     lib.jaxfog_win_mutex.argtypes = [i64, ptr, i64, ctypes.c_int, *err]
-    for function in (lib.jaxfog_win_create, lib.jaxfog_win_fill, lib.jaxfog_win_state,
+    for function in (lib.jaxfog_win_create, lib.jaxfog_win_fill, lib.jaxfog_win_query,
                      lib.jaxfog_win_mutex):
         function.restype = ctypes.c_int
     lib.jaxfog_win_free.argtypes = [ctypes.c_int64]

@@ -240,7 +240,7 @@ extern "C" __attribute__((visibility("default"))) int jaxfog_win_fill(
 }
 
 // This rank's version counters (one per slot) and push-sum weight (0 without).
-extern "C" __attribute__((visibility("default"))) int jaxfog_win_state(
+extern "C" __attribute__((visibility("default"))) int jaxfog_win_query(
     int64_t id, int64_t* versions, double* weight, char* error, int error_length) {
   return OnWindow(id, error, error_length, [&](jaxfog::Window* w) {
     return w->Local([&](char* base, int64_t* control) {

@@ -946,6 +946,54 @@ struct Handler<OpCode::kWinUpdate> : Async<WinUpdateJob> {
   }
 };
 
+// win_version / win_weight inside a trace: this rank's version counters (one
+// per slot, int32 or int64) and push-sum weight (float32 or float64; 0
+// without one), read under the local locks in program order.
+ffi::ErrorOr<Job> WinStateJob(int64_t win_id, ffi::Token, ffi::Result<ffi::Token>,
+                              ffi::Result<ffi::AnyBuffer> versions,
+                              ffi::Result<ffi::AnyBuffer> weight) {
+  JAXFOG_ASSIGN_OR_RETURN(window, LookupWindow(win_id));
+  const ffi::DataType count_type = versions->element_type();
+  const ffi::DataType weight_type = weight->element_type();
+  if (versions->element_count() != static_cast<size_t>(window->slots()) ||
+      (count_type != ffi::DataType::S32 && count_type != ffi::DataType::S64) ||
+      (weight_type != ffi::DataType::F32 && weight_type != ffi::DataType::F64)) {
+    return ffi::Unexpected<ffi::Error>(Malformed(OpCode::kWinState));
+  }
+  void* counts = versions->untyped_data();
+  void* p = weight->untyped_data();
+  return Job{0, [=]() -> ffi::Error {
+    return window->Local([&](char* base, int64_t* control) {
+      for (int64_t s = 0; s < window->slots(); ++s) {
+        if (count_type == ffi::DataType::S32) {
+          static_cast<int32_t*>(counts)[s] = static_cast<int32_t>(control[1 + s]);
+        } else {
+          static_cast<int64_t*>(counts)[s] = control[1 + s];
+        }
+      }
+      const double value = window->has_weight() ? WeightAt(window->layout(), base) : 0.0;
+      if (weight_type == ffi::DataType::F32) {
+        *static_cast<float*>(p) = static_cast<float>(value);
+      } else {
+        *static_cast<double*>(p) = value;
+      }
+      return ffi::Error::Success();
+    });
+  }};
+}
+
+template <>
+struct Handler<OpCode::kWinState> : Async<WinStateJob> {
+  static auto Bind() {
+    return ffi::Ffi::Bind()
+        .Attr<int64_t>("win_id")
+        .Arg<ffi::Token>()
+        .Ret<ffi::Token>()
+        .Ret<ffi::AnyBuffer>()
+        .Ret<ffi::AnyBuffer>();
+  }
+};
+
 }  // namespace
 
 // The exported symbols jaxfog_<name>, one per op of the table. The library is

@@ -24,7 +24,8 @@
   X(win_put, WinPut, 11, "win_put")                                                     \
   X(win_accumulate, WinAccumulate, 12, "win_accumulate")                                \
   X(win_update, WinUpdate, 13, "win_update")                                            \
-  X(win_get, WinGet, 14, "win_get")
+  X(win_get, WinGet, 14, "win_get")                                                     \
+  X(win_state, WinState, 15, "win_state")
 
 namespace jaxfog {
 

@@ -283,5 +283,12 @@ win_put_p = define("win_put", _same_avals, _window_attributes)
 win_accumulate_p = define("win_accumulate", _same_avals, _window_attributes)
 win_update_p = define("win_update", _same_avals, _window_attributes)
 win_get_p = define("win_get", _same_avals, _window_attributes)
+# win_state: this rank's version counters (one per slot) and push-sum weight.
+win_state_p = define(
+    "win_state",
+    lambda *, win_id, slots: [
+        core.ShapedArray((slots,), jax.dtypes.canonicalize_dtype(np.int64)),
+        core.ShapedArray((), jax.dtypes.canonicalize_dtype(np.float64))],
+    lambda avals_in, *, win_id, slots: {"win_id": win_id})
 for _prim in (win_put_p, win_accumulate_p, win_update_p):
     ad.primitive_jvps[_prim] = _not_differentiable(_prim)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfog import ffi, runtime
-from jaxfog.ops import _args, _plan
+from jaxfog.ops import _args, _jax_compat, _plan
 from jaxfog.ops import primitives as P
 from jaxfog.ops.backends import _window_spec
 
@@ -214,23 +214,29 @@ def win_update(leaves: list, treedef: Any, args: _args.WinUpdate) -> list:
         require_mutex=args.require_mutex)
 
 
-def _state(window: _Window) -> tuple[dict[int, int], float]:
-    P.wait_for_dispatched()
+def _state(window: _Window) -> tuple[dict[int, Any], Any]:
+    """This rank's versions by source, and its push-sum weight: Python numbers
+    read after the dispatched ops eagerly; under a trace, the ``win_state``
+    op's results, in program order with the other ops."""
     rank = runtime.rank()
-    sources = [int(j) for j in np.flatnonzero(window.spec.sources[rank])]
-    versions = np.zeros(max(len(sources), 1), np.int64)
-    weight = ctypes.c_double()
-    _call(ffi.library().jaxfog_win_state, window.id, versions.ctypes.data,
-          ctypes.byref(weight))
-    by_slot = sorted(sources, key=lambda j: window.region[rank, j])
-    return {j: int(versions[window.region[rank, j] - 1]) for j in by_slot}, weight.value
+    sources = sorted((int(j) for j in np.flatnonzero(window.spec.sources[rank])),
+                     key=lambda j: window.region[rank, j])
+    if _jax_compat.at_top_level():
+        P.wait_for_dispatched()
+        versions = np.zeros(max(len(sources), 1), np.int64)
+        weight = ctypes.c_double()
+        _call(ffi.library().jaxfog_win_query, window.id, versions.ctypes.data,
+              ctypes.byref(weight))
+        return {j: int(versions[k]) for k, j in enumerate(sources)}, weight.value
+    versions, weight = P.win_state_p.bind(win_id=window.id, slots=len(sources))
+    return {j: versions[k] for k, j in enumerate(sources)}, weight
 
 
-def win_version(name: str) -> dict[int, int]:
+def win_version(name: str) -> dict[int, Any]:
     return _state(lookup(name, "win_version"))[0]
 
 
-def win_weight(name: str) -> float:
+def win_weight(name: str) -> Any:
     window = lookup(name, "win_weight")
     if not window.spec.with_weight:
         raise ValueError(f"win_weight: window {name!r} was created without with_weight=True")
