@@ -74,6 +74,7 @@ def test_put_accumulate_update_against_numpy():
 
 @mpi_test(nprocs=(3,))
 def test_window_errors():
+    import jax
     import jax.numpy as jnp
     import numpy as np
 
@@ -96,13 +97,24 @@ def test_window_errors():
         (ValueError, "holds no slot for rank", lambda: W.win_put(
             x, "u", dst_weights=[(r - 1) % 3])),
         (ValueError, "exists already", lambda: W.win_create(x, "w")),
+        (ValueError, "holds no slot for ranks", lambda: W.win_get(
+            "u", src_weights=[(r + 1) % 3])),
+        (ValueError, "not a rank", lambda: W.win_mutex("w", ranks=[3]).__enter__()),
+        (TypeError, "require_mutex must be True or False", lambda: W.win_put(
+            x, "w", require_mutex=1)),
+        (TypeError, "self_weight must be a real number", lambda: W.win_update(
+            x, "w", self_weight="1")),
+        (ValueError, "must be real with shape", lambda: W.win_put(
+            x, "w", dst_weights=np.ones(2))),
+        (ValueError, "must be static", lambda: jax.jit(lambda d: W.win_put(
+            x, "w", dst_weights=d))(jnp.zeros(3))),
+        (ValueError, "without with_weight", lambda: W.win_weight("w")),
+        (TypeError, "name must be a non-empty string", lambda: W.win_put(x, 3)),
     ]
     for error, message, call in cases:
         with pytest.raises(error, match=message):
             call()
     with pytest.raises(TypeError, match="not differentiable"):
-        import jax
-
         jax.grad(lambda v: W.win_put(v, "w").sum())(x)
     # Differing shapes at creation: a clear error on every rank.
     with pytest.raises(ValueError, match="every rank must create the same window"):
