@@ -22,13 +22,24 @@ median over repetitions of the slowest rank's time for one blocking call:
   against ``Win.Allocate_shared`` + ``Shared_query`` + Lock/numpy copy into
   the peer's segment/Sync/Unlock (should jaxfog use shared-memory windows?).
 
+Diagnostics beside them: the put and the update inside a ``lax.fori_loop`` of
+10 (the op without per-call dispatch) and ``jax.jit(lambda v: v * 2)`` (JAX's
+dispatch plus one pass writing a fresh array: the least that returning
+``self_weight * x`` costs).
+
 Before each timed sample the ranks meet at a barrier; the functions of one
 size are interleaved sample by sample (the order rotating), after a warm-up,
-so drift on a shared machine hits every column alike; the whole sweep runs
-three times and a cell is the median of the three passes' medians. Each run writes
+so drift hits every column alike. The sweep runs three times. The machine is
+shared with other work, so before each block of samples the ranks sleep until
+the rest of the machine is quiet (for a bounded time), the CPU the other work
+took during the block is recorded, and a cell is the median of the passes
+that ran quiet (else the least loaded one). Each run writes
 ``benchmarks/results/window_{N}ranks.md/.json`` (and, on 2 ranks,
 ``window_shared_memory.md``); the launching process then draws
-``benchmarks/results/window.png``.
+``benchmarks/results/window.png``. ``--quick`` is a smoke run (three sizes, no
+files). To measure another jaxfog than the installed one (an exported commit
+with its library built), put it first on ``PYTHONPATH``: the results name the
+jaxfog they measured.
 """
 
 from __future__ import annotations

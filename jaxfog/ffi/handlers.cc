@@ -761,10 +761,12 @@ ffi::ErrorOr<Job> WinPutJob(int64_t win_id, double self_weight, I64s dst_ranks, 
     JAXFOG_RETURN_IF_ERROR(mutex.status());
     double p = 0.0;
     if (window->has_weight()) {
-      JAXFOG_RETURN_IF_ERROR(window->Local([&](char* base, int64_t*) {
-        p = WeightAt(layout, base);
-        return ffi::Error::Success();
-      }));
+      JAXFOG_RETURN_IF_ERROR(window->Local(
+          [&](char* base, int64_t*) {
+            p = WeightAt(layout, base);
+            return ffi::Error::Success();
+          },
+          /*with_control=*/false));
     }
     // A scaled copy only when some destination's weight is not 1.
     const bool scales = std::any_of(weights.begin(), weights.end(),
@@ -787,17 +789,19 @@ ffi::ErrorOr<Job> WinPutJob(int64_t win_id, double self_weight, I64s dst_ranks, 
         runs.push_back({ffi::DataType::F64, static_cast<size_t>(layout.weight_offset),
                         &sent_weight, sizeof(double)});
       }
-      JAXFOG_RETURN_IF_ERROR(window->Put(ranks[d], regions[d], runs, kAccumulate));
-      if (!kAccumulate) JAXFOG_RETURN_IF_ERROR(window->CountVersion(ranks[d], regions[d]));
+      JAXFOG_RETURN_IF_ERROR(
+          window->Put(ranks[d], regions[d], runs, kAccumulate, /*count=*/!kAccumulate));
     }
     JAXFOG_RETURN_IF_ERROR(mutex.Release());
-    JAXFOG_RETURN_IF_ERROR(window->Local([&](char* base, int64_t*) {
-      for (size_t l = 0; l < in.size(); ++l) {
-        if (in[l].bytes) std::memcpy(base + layout.leaves[l].offset, in[l].in, in[l].bytes);
-      }
-      if (window->has_weight()) WeightAt(layout, base) = self_weight * p;
-      return ffi::Error::Success();
-    }));
+    JAXFOG_RETURN_IF_ERROR(window->Local(
+        [&](char* base, int64_t*) {
+          for (size_t l = 0; l < in.size(); ++l) {
+            if (in[l].bytes) std::memcpy(base + layout.leaves[l].offset, in[l].in, in[l].bytes);
+          }
+          if (window->has_weight()) WeightAt(layout, base) = self_weight * p;
+          return ffi::Error::Success();
+        },
+        /*with_control=*/false));
     for (size_t l = 0; l < in.size(); ++l) {
       JAXFOG_RETURN_IF_ERROR(WeightedSum(in[l].type, in[l].count, call.out[l].out, in[l].in,
                                          self_weight, {}, {}));

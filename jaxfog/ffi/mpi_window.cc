@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -111,12 +112,22 @@ ffi::Error MpiWindow::CheckRegion(int peer, int64_t region) const {
 }
 
 ffi::Error MpiWindow::Put(int peer, int64_t region, const std::vector<TypedRun>& runs,
-                          bool accumulate) {
+                          bool accumulate, bool count) {
   JAXFOG_RETURN_IF_ERROR(CheckRegion(peer, region));
   const std::string what = std::string(accumulate ? "win_accumulate" : "win_put") +
                            " to rank " + std::to_string(peer);
+  // Data before control, as everywhere; both epochs end together below.
   ScopedLock lock(data_, MPI_LOCK_SHARED, peer);
   JAXFOG_RETURN_IF_MPI_ERROR(lock.code(), what + ": MPI_Win_lock");
+  std::optional<ScopedLock> control;
+  if (count) {
+    control.emplace(control_, MPI_LOCK_SHARED, peer);
+    JAXFOG_RETURN_IF_MPI_ERROR(control->code(), what + ": MPI_Win_lock (control)");
+    const int64_t one = 1;
+    JAXFOG_RETURN_IF_MPI_ERROR(
+        MPI_Accumulate(&one, 1, MPI_INT64_T, peer, region, 1, MPI_INT64_T, MPI_SUM, control_),
+        what + ": MPI_Accumulate (version)");
+  }
   const MPI_Aint start = static_cast<MPI_Aint>(region * region_bytes());
   for (const TypedRun& run : runs) {
     if (run.bytes == 0) continue;
@@ -144,6 +155,9 @@ ffi::Error MpiWindow::Put(int peer, int64_t region, const std::vector<TypedRun>&
         what + ": MPI_Accumulate");
   }
   JAXFOG_RETURN_IF_MPI_ERROR(lock.Unlock(), what + ": MPI_Win_unlock");
+  if (control) {
+    JAXFOG_RETURN_IF_MPI_ERROR(control->Unlock(), what + ": MPI_Win_unlock (control)");
+  }
   return ffi::Error::Success();
 }
 
@@ -162,36 +176,27 @@ ffi::Error MpiWindow::Get(int peer, int64_t region, void* out) {
   return ffi::Error::Success();
 }
 
-ffi::Error MpiWindow::CountVersion(int peer, int64_t region) {
-  JAXFOG_RETURN_IF_ERROR(CheckRegion(peer, region));
-  const std::string what = "jaxfog window: version count on rank " + std::to_string(peer);
-  const int64_t one = 1;
-  ScopedLock lock(control_, MPI_LOCK_SHARED, peer);
-  JAXFOG_RETURN_IF_MPI_ERROR(lock.code(), what + ": MPI_Win_lock");
-  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Accumulate(&one, 1, MPI_INT64_T, peer, region, 1, MPI_INT64_T,
-                                            MPI_SUM, control_),
-                             what + ": MPI_Accumulate");
-  JAXFOG_RETURN_IF_MPI_ERROR(lock.Unlock(), what + ": MPI_Win_unlock");
-  return ffi::Error::Success();
-}
-
 ffi::Error MpiWindow::Local(
-    const std::function<ffi::Error(char* base, int64_t* control)>& access) {
+    const std::function<ffi::Error(char* base, int64_t* control)>& access, bool with_control) {
   // Exclusive locks on our own windows keep remote accesses out while we read
   // and write them; MPI_Win_sync makes their completed writes visible. Always
   // data before control, the order every path takes.
   ScopedLock data(data_, MPI_LOCK_EXCLUSIVE, rank_);
   JAXFOG_RETURN_IF_MPI_ERROR(data.code(), "jaxfog window: MPI_Win_lock (local)");
-  ScopedLock control(control_, MPI_LOCK_EXCLUSIVE, rank_);
-  JAXFOG_RETURN_IF_MPI_ERROR(control.code(), "jaxfog window: MPI_Win_lock (local control)");
-  for (MPI_Win win : {data_, control_}) {
-    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_sync(win), "jaxfog window: MPI_Win_sync");
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_sync(data_), "jaxfog window: MPI_Win_sync");
+  std::optional<ScopedLock> control;
+  if (with_control) {
+    control.emplace(control_, MPI_LOCK_EXCLUSIVE, rank_);
+    JAXFOG_RETURN_IF_MPI_ERROR(control->code(), "jaxfog window: MPI_Win_lock (local control)");
+    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_sync(control_), "jaxfog window: MPI_Win_sync");
   }
-  JAXFOG_RETURN_IF_ERROR(access(base_, control_base_));
-  for (MPI_Win win : {data_, control_}) {
-    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_sync(win), "jaxfog window: MPI_Win_sync");
+  JAXFOG_RETURN_IF_ERROR(access(base_, with_control ? control_base_ : nullptr));
+  if (control) {
+    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_sync(control_), "jaxfog window: MPI_Win_sync");
+    JAXFOG_RETURN_IF_MPI_ERROR(control->Unlock(),
+                               "jaxfog window: MPI_Win_unlock (local control)");
   }
-  JAXFOG_RETURN_IF_MPI_ERROR(control.Unlock(), "jaxfog window: MPI_Win_unlock (local control)");
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_sync(data_), "jaxfog window: MPI_Win_sync");
   JAXFOG_RETURN_IF_MPI_ERROR(data.Unlock(), "jaxfog window: MPI_Win_unlock (local)");
   return ffi::Error::Success();
 }

@@ -28,11 +28,10 @@ class MpiWindow final : public Window {
   int64_t slots() const override { return peer_slots_[rank_]; }
 
   ffi::Error Put(int peer, int64_t region, const std::vector<TypedRun>& runs,
-                 bool accumulate) override;
+                 bool accumulate, bool count) override;
   ffi::Error Get(int peer, int64_t region, void* out) override;
-  ffi::Error CountVersion(int peer, int64_t region) override;
-  ffi::Error Local(
-      const std::function<ffi::Error(char* base, int64_t* control)>& access) override;
+  ffi::Error Local(const std::function<ffi::Error(char* base, int64_t* control)>& access,
+                   bool with_control) override;
   ffi::Error Acquire(std::vector<int> ranks) override;
   ffi::Error Release(std::vector<int> ranks) override;
 

@@ -61,18 +61,21 @@ class Window {
   virtual int64_t slots() const = 0;
 
   // Writes the runs into `peer`'s region `region` (replacing, or adding with
-  // `accumulate`), complete at the target when this returns.
+  // `accumulate`), and with `count` adds 1 to that region's version there;
+  // complete at the target when this returns.
   virtual ffi::Error Put(int peer, int64_t region, const std::vector<TypedRun>& runs,
-                         bool accumulate) = 0;
+                         bool accumulate, bool count) = 0;
   // Copies `peer`'s region `region` into `out` (region_bytes()).
   virtual ffi::Error Get(int peer, int64_t region, void* out) = 0;
-  // Adds 1 to `peer`'s version counter of region `region`.
-  virtual ffi::Error CountVersion(int peer, int64_t region) = 0;
   // Runs `access(base, control)` on this rank's own window memory (region r
-  // at base + r * region_bytes(); control word r at control[r]), with no
-  // remote access in between.
+  // at base + r * region_bytes(); control word r at control[r], or null
+  // without `with_control`), with no remote access in between.
   virtual ffi::Error Local(const std::function<ffi::Error(char* base, int64_t* control)>&
-                               access) = 0;
+                               access,
+                           bool with_control) = 0;
+  ffi::Error Local(const std::function<ffi::Error(char* base, int64_t* control)>& access) {
+    return Local(access, /*with_control=*/true);
+  }
   // Takes the mutex of every rank in `ranks` (in rank order, so that ranks
   // contending for overlapping sets cannot deadlock), waiting at most the
   // timeout. A mutex this rank holds already is counted, not taken again.
