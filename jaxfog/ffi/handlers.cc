@@ -738,7 +738,8 @@ ffi::Error ScaleRegion(const WindowLayout& layout, char* dst, const char* src, d
 
 // win_put / win_accumulate: w_j * (x, p) into (or onto) my slot on each
 // destination j; a put counts a version there. My published value := x,
-// my p := self_weight * p; returns self_weight * x.
+// my p := self_weight * p. No results: the op's value, self_weight * x, is
+// XLA's to compute (fused, or x itself), not a copy made here.
 template <bool kAccumulate>
 ffi::ErrorOr<Job> WinPutJob(int64_t win_id, double self_weight, I64s dst_ranks, I64s dst_regions,
                             F64s dst_weights, bool require_mutex, ffi::Token,
@@ -802,10 +803,6 @@ ffi::ErrorOr<Job> WinPutJob(int64_t win_id, double self_weight, I64s dst_ranks, 
           return ffi::Error::Success();
         },
         /*with_control=*/false));
-    for (size_t l = 0; l < in.size(); ++l) {
-      JAXFOG_RETURN_IF_ERROR(WeightedSum(in[l].type, in[l].count, call.out[l].out, in[l].in,
-                                         self_weight, {}, {}));
-    }
     return ffi::Error::Success();
   }};
 }

@@ -275,12 +275,12 @@ def _not_differentiable(prim):
     return jvp
 
 
-# win_put / win_accumulate: the leaves go to the destinations' slots; the
-# result is self_weight * x. win_update: the weighted sum with the slots.
+# win_put / win_accumulate: the leaves go to the destinations' slots (no
+# results: the caller computes self_weight * x). win_update: the weighted sum with the slots.
 # win_get (no operands, no results): the sources' published values into the
 # slots.
-win_put_p = define("win_put", _same_avals, _window_attributes)
-win_accumulate_p = define("win_accumulate", _same_avals, _window_attributes)
+win_put_p = define("win_put", lambda *avals, **params: [], _window_attributes)
+win_accumulate_p = define("win_accumulate", lambda *avals, **params: [], _window_attributes)
 win_update_p = define("win_update", _same_avals, _window_attributes)
 win_get_p = define("win_get", _same_avals, _window_attributes)
 # win_state: this rank's version counters (one per slot) and push-sum weight.

@@ -22,7 +22,7 @@ import numpy as np
 from jaxfog import ffi, runtime
 from jaxfog.ops import _args, _jax_compat, _plan
 from jaxfog.ops import primitives as P
-from jaxfog.ops.backends import _window_spec
+from jaxfog.ops.backends import _numerics, _window_spec
 
 _ALIGN = 64  # the C++ window layout: each leaf (and the weight) at a multiple of 64 bytes
 
@@ -167,11 +167,11 @@ def win_put(leaves: list, treedef: Any, args: _args.WinPut) -> list:
     window.spec.check_sources(np.array(sorted(dsts), int), np.full(len(dsts), rank), args.what)
     ranks = tuple(sorted(dsts))
     prim = P.win_accumulate_p if args.accumulate else P.win_put_p
-    return prim.bind(*leaves, win_id=window.id,
-                     self_weight=_self_weight(args.self_weight, 1.0, args.what),
-                     dst_ranks=ranks, dst_regions=tuple(window.region[d, rank] for d in ranks),
-                     dst_weights=tuple(dsts[d] for d in ranks),
-                     require_mutex=args.require_mutex)
+    self_weight = _self_weight(args.self_weight, 1.0, args.what)
+    prim.bind(*leaves, win_id=window.id, self_weight=self_weight, dst_ranks=ranks,
+              dst_regions=tuple(window.region[d, rank] for d in ranks),
+              dst_weights=tuple(dsts[d] for d in ranks), require_mutex=args.require_mutex)
+    return [_numerics.scaled(leaf, self_weight) for leaf in leaves]
 
 
 def _sources(window: _Window, peers: _args.Peers | None, default: np.ndarray,

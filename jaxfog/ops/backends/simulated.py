@@ -23,9 +23,8 @@ in float32. It is the oracle the MPI backend is tested against.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,35 +34,14 @@ from jax import lax
 from jaxfog import _context
 from jaxfog import topology as T
 from jaxfog.ops import _args
+from jaxfog.ops.backends import _numerics
 from jaxfog.ops.backends import simulated_windows as _windows
-
-
-@contextlib.contextmanager
-def _numerics(dtype) -> Iterator[Any]:
-    """Yields the type a sum of ``dtype`` values is computed in.
-
-    Integers are summed in float64 like the C++ handlers, so float64 is turned
-    on for that part of the trace even when ``jax_enable_x64`` is off.
-    """
-    if jnp.issubdtype(dtype, jnp.integer):
-        with jax.enable_x64(True):
-            yield jnp.float64
-    elif dtype in (jnp.float16, jnp.bfloat16):
-        yield jnp.float32
-    else:
-        yield dtype
-
-
-def _finish(value, dtype):
-    if jnp.issubdtype(dtype, jnp.integer):
-        value = jnp.round(value)  # half to even, as the C++ handlers
-    return value.astype(dtype)
 
 
 def _mix_leaf(x, w: np.ndarray, sim: _context.Simulation):
     """Row ``rank`` of ``W @ X`` for one leaf, with one ppermute per offset."""
     n, i = sim.size, sim.rank
-    with _numerics(x.dtype) as acc:
+    with _numerics.accumulating(x.dtype) as acc:
         xs = x.astype(acc)
         rows = np.arange(n)
         out = jnp.asarray(np.diag(w))[i].astype(acc) * xs
@@ -76,7 +54,7 @@ def _mix_leaf(x, w: np.ndarray, sim: _context.Simulation):
             perm = [(int((r - offset) % n), int(r)) for r in rows]
             shifted = lax.ppermute(xs, sim.axis_name, perm)
             out = out + jnp.asarray(column)[i].astype(acc) * shifted
-        return _finish(out, x.dtype)
+        return _numerics.finish(out, x.dtype)
 
 
 def _mix(leaves: list, w: np.ndarray, sim: _context.Simulation) -> list:
@@ -180,7 +158,7 @@ class SimulatedBackend:
         w = np.kron(sim.machine_topology.weights, np.eye(size_l))  # machine m' -> m, same l
         outs = []
         for x in leaves:
-            with _numerics(x.dtype) as acc:
+            with _numerics.accumulating(x.dtype) as acc:
                 xs = x.astype(acc)
                 total = xs
                 for shift in range(1, size_l):  # each agent collects its machine's values
@@ -188,7 +166,7 @@ class SimulatedBackend:
                             for r in range(n)]
                     total = total + lax.ppermute(xs, sim.axis_name, perm)
                 # Rounded like the C++ path's machine mean (an allreduce) for integers.
-                mean = _finish(total / size_l, x.dtype)
+                mean = _numerics.finish(total / size_l, x.dtype)
             outs.append(_mix_leaf(mean, w, sim))
         return outs
 
@@ -203,9 +181,9 @@ class SimulatedBackend:
             if not args.mean and jnp.issubdtype(x.dtype, jnp.integer):
                 outs.append(lax.psum(x, self.sim.axis_name))  # exact, as MPI's integer sum
                 continue
-            with _numerics(x.dtype) as acc:
+            with _numerics.accumulating(x.dtype) as acc:
                 total = lax.psum(x.astype(acc), self.sim.axis_name)
-                outs.append(_finish(total / self.sim.size if args.mean else total, x.dtype))
+                outs.append(_numerics.finish(total / self.sim.size if args.mean else total, x.dtype))
         return outs
 
     def broadcast(self, leaves: list, args: _args.Broadcast) -> list:

@@ -36,7 +36,7 @@ from jax import lax
 from jaxfog import _context
 from jaxfog import topology as T
 from jaxfog.ops import _args
-from jaxfog.ops.backends import _window_spec
+from jaxfog.ops.backends import _numerics, _window_spec
 
 
 @dataclasses.dataclass
@@ -120,27 +120,6 @@ def _lookup(name: str, what: str) -> _Window:
 
 def _weight_dtype():
     return jnp.result_type(float)
-
-
-@contextlib.contextmanager
-def _numerics(dtype) -> Iterator[Any]:
-    """The type sums of ``dtype`` are computed in (as the C++ handlers)."""
-    if jnp.issubdtype(dtype, jnp.integer):
-        with jax.enable_x64(True):
-            yield jnp.float64
-    elif dtype in (jnp.float16, jnp.bfloat16):
-        yield jnp.float32
-    else:
-        yield dtype
-
-
-def _scaled(x, w):
-    """``w * x`` with the handlers' numerics (integers rounded half to even)."""
-    with _numerics(x.dtype) as acc:
-        value = jnp.asarray(w).astype(acc) * x.astype(acc)
-        if jnp.issubdtype(x.dtype, jnp.integer):
-            value = jnp.round(value)
-        return value.astype(x.dtype)
 
 
 def _row(matrix: np.ndarray, sim: _context.Simulation):
@@ -246,7 +225,7 @@ def win_put(sim: _context.Simulation, leaves: list, treedef: Any,
         perm = [(s, (s + o) % n) for s in range(n)]
         flag = lax.ppermute(mask[k], sim.axis_name, perm)
         w = weights[k]
-        sent = [lax.ppermute(_scaled(leaf, w), sim.axis_name, perm) for leaf in leaves]
+        sent = [lax.ppermute(_numerics.scaled(leaf, w), sim.axis_name, perm) for leaf in leaves]
         sent_p = lax.ppermute(w * state["p"], sim.axis_name, perm)
         s = (i - o) % n  # the sender whose message I receive
         ok = flag & _row(spec.sources, sim)[s]
@@ -262,7 +241,7 @@ def win_put(sim: _context.Simulation, leaves: list, treedef: Any,
     _set(window, {"published": list(leaves), "slots": slots, "versions": versions,
                   "p": (self_weight * state["p"]).astype(state["p"].dtype),
                   "slot_p": slot_p.astype(state["slot_p"].dtype)})
-    return [_scaled(leaf, self_weight) for leaf in leaves]
+    return [_numerics.scaled(leaf, self_weight) for leaf in leaves]
 
 
 def win_get(sim: _context.Simulation, args: _args.WinGet) -> bool:
@@ -281,7 +260,7 @@ def win_get(sim: _context.Simulation, args: _args.WinGet) -> bool:
         ok = mask[j] & _row(spec.sources, sim)[j]
         w = weights[j]
         for l, leaf in enumerate(state["published"]):
-            value = _scaled(lax.ppermute(leaf, sim.axis_name, perm), w)
+            value = _numerics.scaled(lax.ppermute(leaf, sim.axis_name, perm), w)
             slots[l] = slots[l].at[j].set(jnp.where(ok, value, slots[l][j]))
         their_p = lax.ppermute(state["p"], sim.axis_name, perm)
         slot_p = slot_p.at[j].set(jnp.where(ok, w * their_p, slot_p[j]))
@@ -313,12 +292,10 @@ def win_update(sim: _context.Simulation, leaves: list, treedef: Any,
     state = _get(window)
     out, slots = [], []
     for leaf, slot in zip(leaves, state["slots"]):
-        with _numerics(leaf.dtype) as acc:
+        with _numerics.accumulating(leaf.dtype) as acc:
             total = jnp.asarray(self_weight).astype(acc) * leaf.astype(acc) + jnp.tensordot(
                 weights.astype(acc), slot.astype(acc), axes=1)
-            if jnp.issubdtype(leaf.dtype, jnp.integer):
-                total = jnp.round(total)
-            out.append(total.astype(leaf.dtype))
+            out.append(_numerics.finish(total, leaf.dtype))
         if args.reset:
             keep = (~mask).reshape((-1,) + (1,) * leaf.ndim)
             slot = jnp.where(keep, slot, jnp.zeros_like(slot))
