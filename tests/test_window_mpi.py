@@ -326,3 +326,9 @@ def test_inside_scan_fori_loop_and_jit():
     np.testing.assert_allclose(weight, W.win_weight("s"))
     jf.barrier()
     W.win_free("s")
+    # A window made again under the same name: the jitted functions trace again
+    # (they baked in the old window's id) and run on the new one.
+    W.win_create({"x": jnp.asarray(X[r])}, "s", with_weight=True)
+    np.testing.assert_allclose(scan({"x": jnp.asarray(X[r])})["x"],
+                               np.linalg.matrix_power(T.ring(n).weights, 3)[r] @ X, rtol=1e-12)
+    W.win_free("s")

@@ -110,3 +110,19 @@ def test_errors():
     for message, body in cases:
         with pytest.raises(ValueError, match=message):
             sim(body)
+
+
+def test_a_window_created_under_jit_serves_later_jitted_calls():
+    n, topo = 4, T.ring(4)
+    X = np.arange(n * 2.0).reshape(n, 2)
+    jax.jit(jf.simulate(lambda x: jnp.asarray(W.win_create(x, "k")), topo))(jnp.asarray(X))
+    put = jax.jit(jf.simulate(lambda x: W.win_put(2 * x, "k"), topo))
+    update = jax.jit(jf.simulate(lambda x: W.win_update(x, "k"), topo))
+    np.testing.assert_allclose(update(jnp.asarray(X)), X, rtol=1e-12)  # slots hold copies
+    put(jnp.asarray(X))
+    w = topo.weights
+    expected = np.diag(np.diag(w)) @ X + (w - np.diag(np.diag(w))) @ (2 * X)
+    np.testing.assert_allclose(update(jnp.asarray(X)), expected, rtol=1e-12)
+    jf.simulate(lambda x: jnp.asarray(W.win_free("k")), topo)(jnp.asarray(X))
+    with pytest.raises(ValueError, match="no window named 'k'"):
+        update(jnp.asarray(X) + 1)  # a new trace (a new input) sees the window gone

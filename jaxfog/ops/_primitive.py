@@ -51,6 +51,18 @@ def _sync_topology_generation(generation: int) -> None:
 _sync_topology_generation(runtime.topology_generation())
 runtime._topology_listeners.append(_sync_topology_generation)
 
+# Likewise for windows: ops bake in the window they name (its id, or in the
+# simulation its references), so creating or freeing one retraces.
+_WINDOWS = "jaxfog_window_generation"
+window_generation = _jax_compat.trace_context_int(
+    _WINDOWS, "jaxfog: how many times windows were created or freed")
+
+
+def windows_changed() -> None:
+    """Makes functions jitted before a window was created or freed trace again."""
+    _jax_compat.set_trace_context_int(window_generation, _WINDOWS,
+                                      window_generation.value + 1)
+
 
 def _attribute(value: Any):
     if isinstance(value, (bool, np.bool_)):

@@ -32,6 +32,10 @@ epoch per peer. The ops are not differentiable (their effect on other
 ranks' memory has no tangent): under ``grad`` they raise a ``TypeError``;
 differentiate the local computation around them.
 
+Ops name a window when they are traced; creating or freeing a window makes
+functions jitted before trace again (so a window made again under the same
+name is the one they use).
+
 In the simulation (:func:`jaxfog.simulate`) windows live in the process:
 every agent runs the same op at once, so a put or accumulate is visible at
 its destination's next update (immediate delivery), and the mutex is

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfog import ffi, runtime
-from jaxfog.ops import _args, _jax_compat, _plan
+from jaxfog.ops import _args, _jax_compat, _plan, _primitive
 from jaxfog.ops import primitives as P
 from jaxfog.ops.backends import _numerics, _window_spec
 
@@ -121,6 +121,7 @@ def win_create(leaves: list, treedef: Any, args: _args.WinCreate) -> bool:
           int(not args.zero_init))
     comm.Barrier()  # no rank writes into a window before every rank has filled it
     _windows[args.name] = window
+    _primitive.windows_changed()
     return True
 
 
@@ -129,6 +130,7 @@ def win_free(name: str | None) -> bool:
     P.wait_for_dispatched()
     for n in names:
         ffi.library().jaxfog_win_free(_windows.pop(n).id)
+    _primitive.windows_changed()
     return True
 
 

@@ -35,7 +35,7 @@ from jax import lax
 
 from jaxfog import _context
 from jaxfog import topology as T
-from jaxfog.ops import _args
+from jaxfog.ops import _args, _primitive
 from jaxfog.ops.backends import _numerics, _window_spec
 
 
@@ -91,6 +91,8 @@ def created_states(session: _Session) -> dict[str, dict]:
 def keep(session_specs: dict[str, _window_spec.WindowSpec], states: dict[str, dict],
          freed: set[str]) -> None:
     """Outside the vmap: keeps the windows created by a call (stacked states)."""
+    if freed or states:
+        _primitive.windows_changed()
     for name in freed:
         _kept.pop(name, None)
     for name, state in states.items():
