@@ -59,7 +59,8 @@ def push_sum_step(x, shares: np.ndarray, settle: bool = False):
     n = jf.size()
     pushes = np.where(T.exponential(n).weights.T != 0, shares[:, None], 0.0)  # [i, k]
     np.fill_diagonal(pushes, 0.0)
-    x = jf.win_accumulate(x, WINDOW, self_weight=_mine(shares), dst_weights=_mine(pushes))
+    x = jf.win_accumulate(x, WINDOW, self_weight=_mine(shares), dst_weights=_mine(pushes),
+                          require_mutex=True)  # all in or all out of a collect
     if settle:
         jf.barrier()
     x = jf.win_update_then_collect(x, WINDOW)

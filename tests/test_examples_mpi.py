@@ -56,7 +56,6 @@ def test_async_consensus_reaches_the_average_with_a_slow_rank():
 
     result = _example("async_consensus").main(["--steps", "120", "--dim", "16"])
     assert result["final"] < 1e-10, result["final"]
-    assert result["errors"][-1] < 1e-2 * result["errors"][0] or result["errors"][0] < 1e-12
     assert result["rounds"] < 200
     np.testing.assert_allclose(result["mass"][-1], jf.size(), rtol=1e-12)  # sum of p
     np.testing.assert_allclose(result["mass"][:-1], result["initial"], rtol=1e-12)

@@ -173,6 +173,7 @@ def test_get_versions_and_collect():
     jf.barrier()
     W.win_get("v", src_weights={j: 0.5 for j in ins})  # the sources' published values
     assert W.win_version("v") == {j: 1 for j in ins}
+    jf.barrier()  # every get done before the updates below publish new values
     published = {j: W.win_update(x, "v", self_weight=0.0, src_weights={j: 1.0})
                  for j in ins}
     for j in ins:
@@ -332,3 +333,36 @@ def test_inside_scan_fori_loop_and_jit():
     np.testing.assert_allclose(scan({"x": jnp.asarray(X[r])})["x"],
                                np.linalg.matrix_power(T.ring(n).weights, 3)[r] @ X, rtol=1e-12)
     W.win_free("s")
+
+
+@mpi_test(nprocs=(2,), timeout=120)
+def test_writes_do_not_wait_for_a_busy_target():
+    """One-sided in practice: puts, accumulates and gets complete while the
+    target sleeps outside MPI (per-operation MPI_Win_lock would make each
+    wait until the target next entered MPI)."""
+    import time
+
+    import jax.numpy as jnp
+
+    import jaxfog as jf
+    import jaxfog.topology as T
+    from jaxfog.ops import window as W
+
+    jf.init(topology=T.fully_connected(2))
+    x = jnp.ones(16384)
+    W.win_create(x, "b")
+    put = jf.jit(lambda v: W.win_accumulate(W.win_put(v, "b"), "b"))
+    put(x).block_until_ready()
+    jf.barrier()
+    if jf.rank() == 1:
+        time.sleep(3.0)  # outside MPI
+    else:
+        start = time.perf_counter()
+        for _ in range(10):
+            put(x).block_until_ready()
+            W.win_get("b")
+        W.win_version("b")  # waits for everything dispatched
+        elapsed = time.perf_counter() - start
+        assert elapsed < 1.5, f"20 writes and 10 gets took {elapsed:.2f} s: they waited"
+    jf.barrier()
+    W.win_free("b")

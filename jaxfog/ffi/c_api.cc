@@ -17,6 +17,7 @@
 #include "mpi_window.h"
 #include "ops.h"
 #include "registry.h"
+#include "status.h"
 #include "timeline.h"
 
 namespace {
@@ -225,7 +226,7 @@ extern "C" __attribute__((visibility("default"))) int jaxfog_win_fill(
     if (static_cast<size_t>(bytes) != w->region_bytes()) {
       return xla::ffi::Error::InvalidArgument("win_fill: wrong size");
     }
-    return w->Local([&](char* base, int64_t*) {
+    return w->Local([&](char* base) {
       for (int64_t r = 0; r <= w->slots(); ++r) {
         char* region = base + r * bytes;
         if (r == 0 || fill_slots) {
@@ -243,8 +244,8 @@ extern "C" __attribute__((visibility("default"))) int jaxfog_win_fill(
 extern "C" __attribute__((visibility("default"))) int jaxfog_win_query(
     int64_t id, int64_t* versions, double* weight, char* error, int error_length) {
   return OnWindow(id, error, error_length, [&](jaxfog::Window* w) {
-    return w->Local([&](char* base, int64_t* control) {
-      std::copy(control + 1, control + 1 + w->slots(), versions);
+    JAXFOG_RETURN_IF_ERROR(w->ReadVersions(versions));
+    return w->Local([&](char* base) {
       *weight = w->has_weight()
                     ? *reinterpret_cast<const double*>(base + w->layout().weight_offset)
                     : 0.0;

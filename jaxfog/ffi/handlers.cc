@@ -762,12 +762,10 @@ ffi::ErrorOr<Job> WinPutJob(int64_t win_id, double self_weight, I64s dst_ranks, 
     JAXFOG_RETURN_IF_ERROR(mutex.status());
     double p = 0.0;
     if (window->has_weight()) {
-      JAXFOG_RETURN_IF_ERROR(window->Local(
-          [&](char* base, int64_t*) {
-            p = WeightAt(layout, base);
-            return ffi::Error::Success();
-          },
-          /*with_control=*/false));
+      JAXFOG_RETURN_IF_ERROR(window->Local([&](char* base) {
+        p = WeightAt(layout, base);
+        return ffi::Error::Success();
+      }));
     }
     // A scaled copy only when some destination's weight is not 1.
     const bool scales = std::any_of(weights.begin(), weights.end(),
@@ -794,15 +792,13 @@ ffi::ErrorOr<Job> WinPutJob(int64_t win_id, double self_weight, I64s dst_ranks, 
           window->Put(ranks[d], regions[d], runs, kAccumulate, /*count=*/!kAccumulate));
     }
     JAXFOG_RETURN_IF_ERROR(mutex.Release());
-    JAXFOG_RETURN_IF_ERROR(window->Local(
-        [&](char* base, int64_t*) {
-          for (size_t l = 0; l < in.size(); ++l) {
-            if (in[l].bytes) std::memcpy(base + layout.leaves[l].offset, in[l].in, in[l].bytes);
-          }
-          if (window->has_weight()) WeightAt(layout, base) = self_weight * p;
-          return ffi::Error::Success();
-        },
-        /*with_control=*/false));
+    JAXFOG_RETURN_IF_ERROR(window->Local([&](char* base) {
+      for (size_t l = 0; l < in.size(); ++l) {
+        if (in[l].bytes) std::memcpy(base + layout.leaves[l].offset, in[l].in, in[l].bytes);
+      }
+      if (window->has_weight()) WeightAt(layout, base) = self_weight * p;
+      return ffi::Error::Success();
+    }));
     return ffi::Error::Success();
   }};
 }
@@ -858,14 +854,17 @@ ffi::ErrorOr<Job> WinGetJob(int64_t win_id, double, I64s src_ranks, I64s src_reg
       JAXFOG_RETURN_IF_ERROR(ScaleRegion(window->layout(), into, into, weights[s]));
     }
     JAXFOG_RETURN_IF_ERROR(mutex.Release());
-    return window->Local([&](char* base, int64_t* control) {
+    JAXFOG_RETURN_IF_ERROR(window->Local([&](char* base) {
       for (size_t s = 0; s < ranks.size(); ++s) {
         std::memcpy(base + regions[s] * region_bytes, fetched.data() + s * region_bytes,
                     region_bytes);
-        ++control[regions[s]];
       }
       return ffi::Error::Success();
-    });
+    }));
+    for (int64_t region : regions) {
+      JAXFOG_RETURN_IF_ERROR(window->CountVersion(window->rank(), region));
+    }
+    return ffi::Error::Success();
   }};
 }
 
@@ -880,8 +879,8 @@ struct Handler<OpCode::kWinGet> : Async<WinGetJob> {
   }
 };
 
-// win_update: self_weight * (x, p) + sum_j w_j * slot_j, read under the
-// window's local locks (and this rank's mutex with `require_mutex`); my
+// win_update: self_weight * (x, p) + sum_j w_j * slot_j (under this rank's
+// mutex with `require_mutex`, which keeps mutex-protected writes out); my
 // published value and p := the result; the versions of the slots read := 0;
 // `reset` zeroes those slots.
 ffi::ErrorOr<Job> WinUpdateJob(int64_t win_id, double self_weight, I64s src_regions,
@@ -908,7 +907,7 @@ ffi::ErrorOr<Job> WinUpdateJob(int64_t win_id, double self_weight, I64s src_regi
     ScopedMutex mutex(window, require_mutex ? std::vector<int>{window->rank()}
                                             : std::vector<int>{});
     JAXFOG_RETURN_IF_ERROR(mutex.status());
-    JAXFOG_RETURN_IF_ERROR(window->Local([&](char* base, int64_t* control) {
+    JAXFOG_RETURN_IF_ERROR(window->Local([&](char* base) {
       // In chunks that stay in cache between the sum and its copy into the
       // published region (one pass over the data, not two).
       constexpr size_t kChunkBytes = 64 << 10;
@@ -937,11 +936,11 @@ ffi::ErrorOr<Job> WinUpdateJob(int64_t win_id, double self_weight, I64s src_regi
         WeightAt(layout, base) = p;
       }
       for (int64_t region : regions) {
-        control[region] = 0;
         if (reset) std::memset(base + region * region_bytes, 0, region_bytes);
       }
       return ffi::Error::Success();
     }));
+    JAXFOG_RETURN_IF_ERROR(window->ResetVersions(regions));
     return mutex.Release();
   }};
 }
@@ -974,14 +973,16 @@ ffi::ErrorOr<Job> WinStateJob(int64_t win_id, ffi::Token, ffi::Result<ffi::Token
   void* counts = versions->untyped_data();
   void* p = weight->untyped_data();
   return Job{0, [=]() -> ffi::Error {
-    return window->Local([&](char* base, int64_t* control) {
-      for (int64_t s = 0; s < window->slots(); ++s) {
-        if (count_type == ffi::DataType::S32) {
-          static_cast<int32_t*>(counts)[s] = static_cast<int32_t>(control[1 + s]);
-        } else {
-          static_cast<int64_t*>(counts)[s] = control[1 + s];
-        }
+    std::vector<int64_t> read(window->slots());
+    JAXFOG_RETURN_IF_ERROR(window->ReadVersions(read.data()));
+    for (int64_t s = 0; s < window->slots(); ++s) {
+      if (count_type == ffi::DataType::S32) {
+        static_cast<int32_t*>(counts)[s] = static_cast<int32_t>(read[s]);
+      } else {
+        static_cast<int64_t*>(counts)[s] = read[s];
       }
+    }
+    return window->Local([&](char* base) {
       const double value = window->has_weight() ? WeightAt(window->layout(), base) : 0.0;
       if (weight_type == ffi::DataType::F32) {
         *static_cast<float*>(p) = static_cast<float>(value);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -13,35 +12,6 @@
 #include "mpi_status.h"
 
 namespace jaxfog {
-namespace {
-
-// Holds a passive-target lock on one rank's window for a scope: released on
-// every path (MPI_Win_unlock also completes the operations at the target).
-class ScopedLock {
- public:
-  ScopedLock(MPI_Win win, int lock_type, int rank) : win_(win), rank_(rank) {
-    code_ = MPI_Win_lock(lock_type, rank, 0, win);
-  }
-  ScopedLock(const ScopedLock&) = delete;
-  ScopedLock& operator=(const ScopedLock&) = delete;
-  int code() const { return code_; }
-  // Ends the epoch, returning MPI's code (after which the destructor does nothing).
-  int Unlock() {
-    if (code_ != MPI_SUCCESS) return code_;
-    code_ = -1;
-    return MPI_Win_unlock(rank_, win_);
-  }
-  ~ScopedLock() {
-    if (code_ == MPI_SUCCESS) MPI_Win_unlock(rank_, win_);  // an error is already returned
-  }
-
- private:
-  MPI_Win win_;
-  int rank_;
-  int code_;
-};
-
-}  // namespace
 
 ffi::ErrorOr<std::unique_ptr<MpiWindow>> MpiWindow::Create(MPI_Comm comm, WindowLayout layout,
                                                            int64_t slots,
@@ -89,6 +59,13 @@ ffi::ErrorOr<std::unique_ptr<MpiWindow>> MpiWindow::Create(MPI_Comm comm, Window
       return fail(code, "MPI_Win_set_errhandler");
     }
   }
+  for (MPI_Win win : {data, control}) {
+    if (int code = MPI_Win_lock_all(MPI_MODE_NOCHECK, win); code != MPI_SUCCESS) {
+      MPI_Win_free(&data);
+      MPI_Win_free(&control);
+      return fail(code, "MPI_Win_lock_all");
+    }
+  }
   return std::unique_ptr<MpiWindow>(new MpiWindow(std::move(layout), data, base, control,
                                                   control_base, rank, std::move(peer_slots),
                                                   timeout_seconds));
@@ -97,8 +74,10 @@ ffi::ErrorOr<std::unique_ptr<MpiWindow>> MpiWindow::Create(MPI_Comm comm, Window
 MpiWindow::~MpiWindow() {
   int finalized = 0;
   if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) {
-    MPI_Win_free(&control_);
-    MPI_Win_free(&data_);
+    for (MPI_Win* win : {&control_, &data_}) {
+      MPI_Win_unlock_all(*win);
+      MPI_Win_free(win);
+    }
   }
 }
 
@@ -116,18 +95,6 @@ ffi::Error MpiWindow::Put(int peer, int64_t region, const std::vector<TypedRun>&
   JAXFOG_RETURN_IF_ERROR(CheckRegion(peer, region));
   const std::string what = std::string(accumulate ? "win_accumulate" : "win_put") +
                            " to rank " + std::to_string(peer);
-  // Data before control, as everywhere; both epochs end together below.
-  ScopedLock lock(data_, MPI_LOCK_SHARED, peer);
-  JAXFOG_RETURN_IF_MPI_ERROR(lock.code(), what + ": MPI_Win_lock");
-  std::optional<ScopedLock> control;
-  if (count) {
-    control.emplace(control_, MPI_LOCK_SHARED, peer);
-    JAXFOG_RETURN_IF_MPI_ERROR(control->code(), what + ": MPI_Win_lock (control)");
-    const int64_t one = 1;
-    JAXFOG_RETURN_IF_MPI_ERROR(
-        MPI_Accumulate(&one, 1, MPI_INT64_T, peer, region, 1, MPI_INT64_T, MPI_SUM, control_),
-        what + ": MPI_Accumulate (version)");
-  }
   const MPI_Aint start = static_cast<MPI_Aint>(region * region_bytes());
   for (const TypedRun& run : runs) {
     if (run.bytes == 0) continue;
@@ -154,10 +121,8 @@ ffi::Error MpiWindow::Put(int peer, int64_t region, const std::vector<TypedRun>&
         MPI_Accumulate(run.data, n, type, peer, at, n, type, MPI_SUM, data_),
         what + ": MPI_Accumulate");
   }
-  JAXFOG_RETURN_IF_MPI_ERROR(lock.Unlock(), what + ": MPI_Win_unlock");
-  if (control) {
-    JAXFOG_RETURN_IF_MPI_ERROR(control->Unlock(), what + ": MPI_Win_unlock (control)");
-  }
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_flush(peer, data_), what + ": MPI_Win_flush");
+  if (count) JAXFOG_RETURN_IF_ERROR(CountVersion(peer, region));
   return ffi::Error::Success();
 }
 
@@ -166,38 +131,54 @@ ffi::Error MpiWindow::Get(int peer, int64_t region, void* out) {
   const std::string what = "win_get from rank " + std::to_string(peer);
   if (region_bytes() > INT_MAX) return ffi::Error::InvalidArgument(what + ": over 2 GB");
   const int n = static_cast<int>(region_bytes());
-  ScopedLock lock(data_, MPI_LOCK_SHARED, peer);
-  JAXFOG_RETURN_IF_MPI_ERROR(lock.code(), what + ": MPI_Win_lock");
   JAXFOG_RETURN_IF_MPI_ERROR(
       MPI_Get(out, n, MPI_BYTE, peer, static_cast<MPI_Aint>(region * region_bytes()), n,
               MPI_BYTE, data_),
       what + ": MPI_Get");
-  JAXFOG_RETURN_IF_MPI_ERROR(lock.Unlock(), what + ": MPI_Win_unlock");
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_flush(peer, data_), what + ": MPI_Win_flush");
   return ffi::Error::Success();
 }
 
-ffi::Error MpiWindow::Local(
-    const std::function<ffi::Error(char* base, int64_t* control)>& access, bool with_control) {
-  // Exclusive locks on our own windows keep remote accesses out while we read
-  // and write them; MPI_Win_sync makes their completed writes visible. Always
-  // data before control, the order every path takes.
-  ScopedLock data(data_, MPI_LOCK_EXCLUSIVE, rank_);
-  JAXFOG_RETURN_IF_MPI_ERROR(data.code(), "jaxfog window: MPI_Win_lock (local)");
+ffi::Error MpiWindow::Local(const std::function<ffi::Error(char* base)>& access) {
+  // The unified memory model: MPI_Win_sync orders our loads and stores with
+  // the completed remote accesses (before) and for later remote reads (after).
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_sync(data_), "jaxfog window: MPI_Win_sync");
-  std::optional<ScopedLock> control;
-  if (with_control) {
-    control.emplace(control_, MPI_LOCK_EXCLUSIVE, rank_);
-    JAXFOG_RETURN_IF_MPI_ERROR(control->code(), "jaxfog window: MPI_Win_lock (local control)");
-    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_sync(control_), "jaxfog window: MPI_Win_sync");
-  }
-  JAXFOG_RETURN_IF_ERROR(access(base_, with_control ? control_base_ : nullptr));
-  if (control) {
-    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_sync(control_), "jaxfog window: MPI_Win_sync");
-    JAXFOG_RETURN_IF_MPI_ERROR(control->Unlock(),
-                               "jaxfog window: MPI_Win_unlock (local control)");
-  }
+  JAXFOG_RETURN_IF_ERROR(access(base_));
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_sync(data_), "jaxfog window: MPI_Win_sync");
-  JAXFOG_RETURN_IF_MPI_ERROR(data.Unlock(), "jaxfog window: MPI_Win_unlock (local)");
+  return ffi::Error::Success();
+}
+
+ffi::Error MpiWindow::CountVersion(int peer, int64_t region) {
+  JAXFOG_RETURN_IF_ERROR(CheckRegion(peer, region));
+  const std::string what = "jaxfog window: version count on rank " + std::to_string(peer);
+  const int64_t one = 1;
+  JAXFOG_RETURN_IF_MPI_ERROR(
+      MPI_Accumulate(&one, 1, MPI_INT64_T, peer, region, 1, MPI_INT64_T, MPI_SUM, control_),
+      what + ": MPI_Accumulate");
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_flush(peer, control_), what + ": MPI_Win_flush");
+  return ffi::Error::Success();
+}
+
+ffi::Error MpiWindow::ReadVersions(int64_t* versions) {
+  const int64_t unused = 0;
+  for (int64_t s = 0; s < slots(); ++s) {
+    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Fetch_and_op(&unused, versions + s, MPI_INT64_T, rank_,
+                                                1 + s, MPI_NO_OP, control_),
+                               "jaxfog window: MPI_Fetch_and_op (versions)");
+  }
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_flush(rank_, control_), "jaxfog window: MPI_Win_flush");
+  return ffi::Error::Success();
+}
+
+ffi::Error MpiWindow::ResetVersions(const std::vector<int64_t>& regions) {
+  const int64_t zero = 0;
+  for (int64_t region : regions) {
+    JAXFOG_RETURN_IF_ERROR(CheckRegion(rank_, region));
+    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Accumulate(&zero, 1, MPI_INT64_T, rank_, region, 1,
+                                              MPI_INT64_T, MPI_REPLACE, control_),
+                               "jaxfog window: MPI_Accumulate (versions)");
+  }
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_flush(rank_, control_), "jaxfog window: MPI_Win_flush");
   return ffi::Error::Success();
 }
 
@@ -205,16 +186,12 @@ ffi::ErrorOr<bool> MpiWindow::TryAcquire(int peer) {
   const std::string what = "win_mutex of rank " + std::to_string(peer);
   const int64_t free = 0, mine = 1 + rank_;
   int64_t found = -1;
-  ScopedLock lock(control_, MPI_LOCK_SHARED, peer);
-  if (lock.code() != MPI_SUCCESS) {
-    return ffi::Unexpected<ffi::Error>(CheckMpi(lock.code(), what + ": MPI_Win_lock"));
-  }
   if (int code = MPI_Compare_and_swap(&mine, &free, &found, MPI_INT64_T, peer, 0, control_);
       code != MPI_SUCCESS) {
     return ffi::Unexpected<ffi::Error>(CheckMpi(code, what + ": MPI_Compare_and_swap"));
   }
-  if (int code = lock.Unlock(); code != MPI_SUCCESS) {
-    return ffi::Unexpected<ffi::Error>(CheckMpi(code, what + ": MPI_Win_unlock"));
+  if (int code = MPI_Win_flush(peer, control_); code != MPI_SUCCESS) {
+    return ffi::Unexpected<ffi::Error>(CheckMpi(code, what + ": MPI_Win_flush"));
   }
   return found == free;
 }
@@ -279,19 +256,14 @@ ffi::Error MpiWindow::Release(std::vector<int> ranks) {
     const std::string what = "win_mutex release on rank " + std::to_string(peer);
     const int64_t free = 0;
     int64_t previous = 0;
-    ScopedLock lock(control_, MPI_LOCK_SHARED, peer);
-    if (int code = lock.code(); code != MPI_SUCCESS) {
-      result = CheckMpi(code, what + ": MPI_Win_lock");
-      continue;
-    }
     if (int code = MPI_Fetch_and_op(&free, &previous, MPI_INT64_T, peer, 0, MPI_REPLACE,
                                     control_);
         code != MPI_SUCCESS) {
       result = CheckMpi(code, what + ": MPI_Fetch_and_op");
       continue;
     }
-    if (int code = lock.Unlock(); code != MPI_SUCCESS) {
-      result = CheckMpi(code, what + ": MPI_Win_unlock");
+    if (int code = MPI_Win_flush(peer, control_); code != MPI_SUCCESS) {
+      result = CheckMpi(code, what + ": MPI_Win_flush");
     }
   }
   return result;

@@ -1,4 +1,8 @@
-// A window over MPI-3 RMA: MPI_Win_allocate'd memory, passive-target epochs.
+// A window over MPI-3 RMA: MPI_Win_allocate'd memory, one passive-target
+// epoch for the window's life (MPI_Win_lock_all at creation), each operation
+// completed with MPI_Win_flush. Per-operation MPI_Win_lock/unlock would make
+// a write wait until its target enters MPI (measured with MPICH: a put to a
+// rank computing for 1 ms took 1 ms), which is not one-sided.
 #ifndef JAXFOG_FFI_MPI_WINDOW_H_
 #define JAXFOG_FFI_MPI_WINDOW_H_
 
@@ -21,7 +25,8 @@ class MpiWindow final : public Window {
   // `timeout_seconds` (0: never).
   static ffi::ErrorOr<std::unique_ptr<MpiWindow>> Create(MPI_Comm comm, WindowLayout layout,
                                                          int64_t slots, double timeout_seconds);
-  // Collective: frees the MPI windows (MPI_Win_free waits for every rank).
+  // Collective: ends the epochs and frees the MPI windows (MPI_Win_free
+  // waits for every rank).
   ~MpiWindow() override;
 
   int rank() const override { return rank_; }
@@ -30,8 +35,10 @@ class MpiWindow final : public Window {
   ffi::Error Put(int peer, int64_t region, const std::vector<TypedRun>& runs,
                  bool accumulate, bool count) override;
   ffi::Error Get(int peer, int64_t region, void* out) override;
-  ffi::Error Local(const std::function<ffi::Error(char* base, int64_t* control)>& access,
-                   bool with_control) override;
+  ffi::Error Local(const std::function<ffi::Error(char* base)>& access) override;
+  ffi::Error CountVersion(int peer, int64_t region) override;
+  ffi::Error ReadVersions(int64_t* versions) override;
+  ffi::Error ResetVersions(const std::vector<int64_t>& regions) override;
   ffi::Error Acquire(std::vector<int> ranks) override;
   ffi::Error Release(std::vector<int> ranks) override;
 

@@ -9,7 +9,8 @@
 //
 // Beside the regions every rank has control words: word 0 is the window's
 // mutex (0 when free, else 1 + the holder's rank), word r (r >= 1) counts
-// the puts and gets into region r since it was last read by an update.
+// the puts and gets into region r since it was last read by an update. The
+// control words are only ever accessed atomically.
 #ifndef JAXFOG_FFI_WINDOW_H_
 #define JAXFOG_FFI_WINDOW_H_
 
@@ -67,15 +68,16 @@ class Window {
                          bool accumulate, bool count) = 0;
   // Copies `peer`'s region `region` into `out` (region_bytes()).
   virtual ffi::Error Get(int peer, int64_t region, void* out) = 0;
-  // Runs `access(base, control)` on this rank's own window memory (region r
-  // at base + r * region_bytes(); control word r at control[r], or null
-  // without `with_control`), with no remote access in between.
-  virtual ffi::Error Local(const std::function<ffi::Error(char* base, int64_t* control)>&
-                               access,
-                           bool with_control) = 0;
-  ffi::Error Local(const std::function<ffi::Error(char* base, int64_t* control)>& access) {
-    return Local(access, /*with_control=*/true);
-  }
+  // Runs `access(base)` on this rank's own regions (region r at
+  // base + r * region_bytes()), with remote writes completed before it made
+  // visible, and its writes visible to remote reads after it. It does not
+  // keep remote writes out meanwhile: that is the mutex's job.
+  virtual ffi::Error Local(const std::function<ffi::Error(char* base)>& access) = 0;
+  // This rank's version counters, atomically: add 1 to region r's
+  // (CountVersion with this rank as `peer`), read them all, zero some.
+  virtual ffi::Error CountVersion(int peer, int64_t region) = 0;
+  virtual ffi::Error ReadVersions(int64_t* versions) = 0;  // slots() of them
+  virtual ffi::Error ResetVersions(const std::vector<int64_t>& regions) = 0;
   // Takes the mutex of every rank in `ranks` (in rank order, so that ranks
   // contending for overlapping sets cannot deadlock), waiting at most the
   // timeout. A mutex this rank holds already is counted, not taken again.
