@@ -25,6 +25,12 @@ For rank ``i`` with slots ``s_j`` (one per source ``j``), published value
 * ``win_update_then_collect(x)``: ``x + sum_j s_j`` with every slot drained,
   under this rank's mutex.
 
+Writes land while their target computes (one passive-target epoch per
+window, each operation flushed), so nothing waits for a slow rank. An update
+does not keep concurrent writes out of the slots it reads unless both sides
+use the mutex: accumulate with ``require_mutex=True`` when every unit of
+mass must be collected exactly once (push-sum).
+
 Each data-moving op is one custom call on MPI, ordered with jaxfog's other
 ops on the rank (program order), eagerly and inside ``jax.jit``,
 ``jaxfog.jit``, ``lax.scan`` and ``fori_loop``; a pytree moves as one RMA
