@@ -20,7 +20,11 @@ median over repetitions of the slowest rank's time for one blocking call:
   ``jax.jit`` op on local arrays;
 * on 2 ranks, mpi4py only: ``Win.Allocate`` + Lock/Put/Unlock to the peer
   against ``Win.Allocate_shared`` + ``Shared_query`` + Lock/numpy copy into
-  the peer's segment/Sync/Unlock (should jaxfog use shared-memory windows?).
+  the peer's segment/Sync/Unlock (should jaxfog use shared-memory windows?),
+  and both again with one ``Lock_all(MODE_NOCHECK)`` epoch held instead of a
+  lock per write (Put/Flush, copy/Sync); then whether a write waits for the
+  peer to enter MPI (the peer computing 1 ms outside MPI), jaxfog's win_put
+  included.
 
 Diagnostics beside them: the put and the update inside a ``lax.fori_loop`` of
 10 (the op without per-call dispatch) and ``jax.jit(lambda v: v * 2)`` (JAX's
@@ -36,10 +40,11 @@ took during the block is recorded, and a cell is the median of the passes
 that ran quiet (else the least loaded one). Each run writes
 ``benchmarks/results/window_{N}ranks.md/.json`` (and, on 2 ranks,
 ``window_shared_memory.md``); the launching process then draws
-``benchmarks/results/window.png``. ``--quick`` is a smoke run (three sizes, no
-files). To measure another jaxfog than the installed one (an exported commit
-with its library built), put it first on ``PYTHONPATH``: the results name the
-jaxfog they measured.
+``benchmarks/results/window.png``. ``--quick`` is a smoke run (three sizes,
+no files); ``--ranks``/``--sizes`` select a partial run (no files). To
+measure another jaxfog than the installed one (an exported commit with its
+library built), put it first on ``PYTHONPATH``: the results name the jaxfog
+they measured.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ WARMUP = 10
 # so that a stretch of load from other work on the machine spoils one pass only.
 PASSES = 3
 LOOP = 10  # ops per call in the diagnostic loops
+LOOP_MAX_BYTES = 256 << 10  # the loops run up to this size
 # Other work shares this machine. Before each block of samples the ranks sleep
 # until the rest of the machine uses at most QUIET_CORES (waiting at most
 # MAX_WAIT_S over a run); during the block, the CPU time the machine spent
@@ -69,7 +75,7 @@ LOOP = 10  # ops per call in the diagnostic loops
 # cell uses only the passes whose foreign load was at most QUIET_CORES (the
 # least loaded one if none was).
 QUIET_CORES = 0.15
-MAX_WAIT_S = 90.0
+MAX_WAIT_S = 45.0
 # Issue 11's targets.
 PUT_RATIO, PUT_SMALL_US, PUT_LARGE_BYTES = 1.25, 30.0, 64 << 10
 UPDATE_RATIO = 1.25
@@ -79,8 +85,10 @@ BASELINE = ("mpi4py: `Win.Allocate` window of (1 + in-degree) regions laid out l
             "`Accumulate(op=SUM)`) of the numpy array into my slot on dst, `Unlock(dst)`; "
             "then `Lock(self, LOCK_EXCLUSIVE)`, `Sync`, numpy copy of x into my region 0 "
             "(the published value), `Sync`, `Unlock(self)`. jaxfog: `jaxfog.jit(lambda x: "
-            "win_put(x, name))(x).block_until_ready()` (the same MPI calls in C++, plus "
-            "the returned `self_weight * x` written into a fresh XLA output buffer).")
+            "win_put(x, name))(x).block_until_ready()`: its C++ handler (jaxfog/ffi: "
+            "handlers.cc WinPutJob, mpi_window.cc), with whatever bookkeeping the "
+            "measured version adds (e.g. version counters), and the returned "
+            "`self_weight * x`.")
 
 
 LOAD_NOTE = (f"The machine is shared with other work: before each block of samples the "
@@ -138,7 +146,7 @@ def launch(ranks: list[int], extra: list[str]) -> None:
         print(f"({n} ranks: {time.perf_counter() - start:.0f} s)", flush=True)
         if code:
             raise SystemExit(f"the {n}-rank run failed with exit status {code}")
-    if "--quick" not in extra:
+    if not extra:
         plot(RESULTS / "window.png")
 
 
@@ -268,7 +276,7 @@ def worker(args) -> None:
                 f"mpi4py {__import__('mpi4py').__version__}; jax {jax.__version__}; "
                 f"{source}")
 
-    sizes = SIZES[::3] if args.quick else SIZES
+    sizes = args.sizes or (SIZES[::3] if args.quick else SIZES)
     update_sum = jax.jit(lambda x, s: w_self * x + sum(w * y for w, y in zip(w_in, s)))
     scale = jax.jit(lambda v: v * 2.0)
     load_before = os.getloadavg()
@@ -330,19 +338,22 @@ def worker(args) -> None:
         win.Unlock(rank)
         comm.Barrier()
 
-        times = measure({
+        fns = {
             "put_jaxfog": lambda: put(x).block_until_ready(),
             "put_base": lambda: base_put(False),
             "accumulate_jaxfog": lambda: acc(x).block_until_ready(),
             "accumulate_base": lambda: base_put(True),
             "update_jaxfog": lambda: upd(x).block_until_ready(),
             "update_base": lambda: update_sum(x, slots).block_until_ready(),
-            "put_loop": lambda: put_loop(x).block_until_ready(),
-            "update_loop": lambda: upd_loop(x).block_until_ready(),
             "scale_jit": lambda: scale(x).block_until_ready(),
-        }, repeats_for(nbytes))
-        times["put_loop"] /= LOOP
-        times["update_loop"] /= LOOP
+        }
+        if nbytes <= LOOP_MAX_BYTES:  # where dispatch matters; costly beyond
+            fns["put_loop"] = lambda: put_loop(x).block_until_ready()
+            fns["update_loop"] = lambda: upd_loop(x).block_until_ready()
+        times = measure(fns, repeats_for(nbytes))
+        for key in ("put_loop", "update_loop"):
+            if key in times:
+                times[key] /= LOOP
         comm.Barrier()
         win.Free()
         W.win_free(name)
@@ -365,6 +376,17 @@ def worker(args) -> None:
               + f"\n\n{DIAG_HEADER}\n{DIAG_RULE}\n" + "\n".join(diag_row(r) for r in rows),
               flush=True)
     shared = shared_memory(comm, MPI, sizes, measure) if size == 2 else []
+
+    def jaxfog_put(nbytes: int):
+        name = f"busy_{nbytes}"
+        x = jnp.ones(nbytes // 4, jnp.float32)
+        W.win_create(x, name)
+        put = jf.jit(lambda v: W.win_put(v, name))
+        return (lambda: put(x).block_until_ready()), (lambda: W.win_free(name))
+
+    busy = target_busy(comm, MPI, jaxfog_put) if size == 2 else []
+    if rank == 0 and busy:
+        print("\n" + "\n".join(busy_text(busy)), flush=True)
     if rank != 0:
         return
     lines = [f"# One-sided windows, {size} ranks", "", f"Machine: {machine()}", "",
@@ -372,7 +394,7 @@ def worker(args) -> None:
              f"to {outs}); float32 arrays. Each cell: the median of up to {PASSES} passes' "
              "medians over samples (30 to 200 per pass by size, after a warm-up) of the "
              "slowest rank's time for one blocking call; the ranks meet at a barrier "
-             "before every sample and the nine functions of a size (six compared, three "
+             "before every sample and the functions of a size (six compared, up to three "
              "diagnostic) are interleaved sample "
              f"by sample. {LOAD_NOTE} Load average (1 min) before / after the run: "
              f"{load_before[0]:.2f} / {os.getloadavg()[0]:.2f}; waited {waited[0]:.0f} s "
@@ -394,12 +416,13 @@ def worker(args) -> None:
     lines += ["", f"{passed} targets met, {failed} missed.", "",
               "## Where the time goes (diagnostics, same runs)", "",
               f"per op in loop: `jaxfog.jit` of a `lax.fori_loop` of {LOOP} ops, divided "
-              f"by {LOOP} (no per-call JAX dispatch); `jax.jit(v * 2)`: a jitted call that "
+              f"by {LOOP} (no per-call JAX dispatch; up to {human(LOOP_MAX_BYTES)}); "
+              "`jax.jit(v * 2)`: a jitted call that "
               "returns one fresh scaled copy of x (JAX's dispatch plus one pass over the "
               "data, what producing win_put's returned `self_weight * x` costs at least).",
               "", DIAG_HEADER, DIAG_RULE] + [diag_row(r) for r in rows]
     text = "\n".join(lines) + "\n"
-    if not args.quick:
+    if not args.quick and not args.sizes:
         RESULTS.mkdir(parents=True, exist_ok=True)
         stem = RESULTS / f"window_{size}ranks"
         stem.with_suffix(".md").write_text(text)
@@ -407,10 +430,10 @@ def worker(args) -> None:
             {"machine": machine(), "baseline": BASELINE, "passes": PASSES,
              "loadavg_before_after": [load_before[0], os.getloadavg()[0]],
              "waited_for_quiet_s": waited[0], "quiet_cores": QUIET_CORES, "rows": rows,
-             "shared_memory": shared}, indent=1))
+             "shared_memory": shared, "target_busy": busy}, indent=1))
         print(f"wrote {stem}.md/.json", flush=True)
         if shared:
-            (RESULTS / "window_shared_memory.md").write_text(shared_text(shared, machine()))
+            (RESULTS / "window_shared_memory.md").write_text(shared_text(shared, busy, machine()))
             print(f"wrote {RESULTS / 'window_shared_memory.md'}", flush=True)
 
 
@@ -464,7 +487,8 @@ DIAG_RULE = "|---" * 8 + "|"
 def diag_row(row: dict) -> str:
     keys = ("put_jaxfog", "put_loop", "put_base", "scale_jit", "update_jaxfog",
             "update_loop", "update_base")
-    return f"| {human(row['bytes'])} | " + " | ".join(f"{row[k]:.1f}" for k in keys) + " |"
+    return (f"| {human(row['bytes'])} | "
+            + " | ".join(f"{row[k]:.1f}" if k in row else "-" for k in keys) + " |")
 
 
 def load_cell(row: dict) -> str:
@@ -479,50 +503,29 @@ def load_cell(row: dict) -> str:
 
 def shared_memory(comm, MPI, sizes, measure) -> list[dict]:
     """(a) Win.Allocate + Lock/Put/Unlock to the peer, against (b)
-    Win.Allocate_shared + Shared_query + Lock/numpy copy/Sync/Unlock; (c) is
-    Lock/Put/Unlock on the shared window, for reference."""
+    Win.Allocate_shared + Shared_query + Lock/numpy copy/Sync/Unlock; for
+    reference (c) Lock/Put/Unlock on the shared window, and with one
+    Lock_all(MODE_NOCHECK) epoch held from creation instead of a lock per op:
+    (d) Win.Allocate + Put/Flush, (e) Win.Allocate_shared + copy/Sync."""
     rank = comm.Get_rank()
     peer = 1 - rank
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     assert node.Get_size() == 2, "the shared-memory comparison needs both ranks on one node"
+
     def one_size(nbytes: int) -> dict:
         count = nbytes // 4
         x = np.full(count, rank + 1, np.float32)
-        plain = MPI.Win.Allocate(nbytes, 4, comm=node)
-        shared = MPI.Win.Allocate_shared(nbytes, 4, comm=node)
-        buf, _ = shared.Shared_query(peer)
-        peer_mem = np.frombuffer(buf, dtype=np.float32)[:count]
-        own_mem = np.frombuffer(shared.tomemory(), dtype=np.float32)[:count]
+        fns, wins = shared_variants(node, MPI, peer, x)
+        own_mem = np.frombuffer(wins[1].tomemory(), dtype=np.float32)[:count]
+        fns["shared_copy"]()
         node.Barrier()
-
-        def allocate_put():
-            plain.Lock(peer, MPI.LOCK_SHARED)
-            plain.Put(x, peer, target=(0, count, MPI.FLOAT))
-            plain.Unlock(peer)
-
-        def shared_copy():
-            shared.Lock(peer, MPI.LOCK_SHARED)
-            np.copyto(peer_mem, x)
-            shared.Sync()
-            shared.Unlock(peer)
-
-        def shared_put():
-            shared.Lock(peer, MPI.LOCK_SHARED)
-            shared.Put(x, peer, target=(0, count, MPI.FLOAT))
-            shared.Unlock(peer)
-
-        shared_copy()
-        node.Barrier()
-        shared.Lock(rank, MPI.LOCK_SHARED)
-        shared.Sync()
+        wins[1].Lock(rank, MPI.LOCK_SHARED)
+        wins[1].Sync()
         assert own_mem[0] == peer + 1 and own_mem[-1] == peer + 1
-        shared.Unlock(rank)
+        wins[1].Unlock(rank)
         node.Barrier()
-        times = measure({"allocate_put": allocate_put, "shared_copy": shared_copy,
-                         "shared_put": shared_put}, repeats_for(nbytes))
-        node.Barrier()
-        plain.Free()
-        shared.Free()
+        times = measure(fns, repeats_for(nbytes))
+        free_variants(node, wins)
         return times
 
     passes = []
@@ -544,19 +547,134 @@ def shared_memory(comm, MPI, sizes, measure) -> list[dict]:
     return rows
 
 
+def shared_variants(comm, MPI, peer: int, x: np.ndarray) -> tuple[dict, list]:
+    """The five ways of writing x into the peer's window, and their windows
+    (to free with free_variants)."""
+    count, nbytes = x.size, x.nbytes
+    plain = MPI.Win.Allocate(nbytes, 4, comm=comm)
+    shared = MPI.Win.Allocate_shared(nbytes, 4, comm=comm)
+    plain_all = MPI.Win.Allocate(nbytes, 4, comm=comm)
+    shared_all = MPI.Win.Allocate_shared(nbytes, 4, comm=comm)
+    plain_all.Lock_all(MPI.MODE_NOCHECK)
+    shared_all.Lock_all(MPI.MODE_NOCHECK)
+    peer_mem = np.frombuffer(shared.Shared_query(peer)[0], dtype=np.float32)[:count]
+    peer_all = np.frombuffer(shared_all.Shared_query(peer)[0], dtype=np.float32)[:count]
+    target = (0, count, MPI.FLOAT)
+    comm.Barrier()
+
+    def allocate_put():
+        plain.Lock(peer, MPI.LOCK_SHARED)
+        plain.Put(x, peer, target=target)
+        plain.Unlock(peer)
+
+    def shared_copy():
+        shared.Lock(peer, MPI.LOCK_SHARED)
+        np.copyto(peer_mem, x)
+        shared.Sync()
+        shared.Unlock(peer)
+
+    def shared_put():
+        shared.Lock(peer, MPI.LOCK_SHARED)
+        shared.Put(x, peer, target=target)
+        shared.Unlock(peer)
+
+    def allocate_lock_all_put():
+        plain_all.Put(x, peer, target=target)
+        plain_all.Flush(peer)
+
+    def shared_lock_all_copy():
+        np.copyto(peer_all, x)
+        shared_all.Sync()
+
+    fns = {"allocate_put": allocate_put, "shared_copy": shared_copy, "shared_put": shared_put,
+           "allocate_lock_all_put": allocate_lock_all_put,
+           "shared_lock_all_copy": shared_lock_all_copy}
+    return fns, [plain, shared, plain_all, shared_all]
+
+
+def free_variants(comm, wins: list) -> None:
+    comm.Barrier()
+    wins[2].Unlock_all()
+    wins[3].Unlock_all()
+    for win in wins:
+        win.Free()
+
+
+BUSY_US = 1000
+BUSY_SIZES = [4 << 10, 64 << 10, 1 << 20]
+
+
+def target_busy(comm, MPI, jaxfog_put) -> list[dict]:
+    """Does a write into the peer's window wait for the peer to enter MPI?
+    Rank 1 computes BUSY_US outside MPI (or waits in a barrier) while rank 0
+    times one write into rank 1's window: each variant of shared_variants,
+    and jaxfog's win_put (``jaxfog_put(nbytes)`` returns the call and what
+    frees its window, collectively)."""
+    rank = comm.Get_rank()
+    rows = []
+    for nbytes in BUSY_SIZES:
+        x = np.ones(nbytes // 4, np.float32)
+        fns, wins = shared_variants(comm, MPI, 1 - rank, x)
+        fns["jaxfog_put"], jaxfog_free = jaxfog_put(nbytes)
+        row = {"bytes": nbytes}
+        for name, fn in fns.items():
+            for busy in (0, BUSY_US):
+                times = []
+                for i in range(40):
+                    comm.Barrier()
+                    if rank == 1:
+                        start = time.perf_counter()
+                        while time.perf_counter() - start < busy * 1e-6:
+                            pass
+                    else:
+                        start = time.perf_counter()
+                        fn()
+                        times.append(time.perf_counter() - start)
+                    comm.Barrier()
+                if rank == 0:
+                    row[f"{name}_{'busy' if busy else 'idle'}"] = float(
+                        np.median(times[10:]) * 1e6)
+        free_variants(comm, wins)
+        jaxfog_free()
+        rows.append(row)
+    return rows
+
+
+BUSY_NAMES = (("allocate_put", "(a) Win.Allocate, Lock/Put/Unlock"),
+              ("shared_copy", "(b) Win.Allocate_shared, Lock/copy/Sync/Unlock"),
+              ("shared_put", "(c) Win.Allocate_shared, Lock/Put/Unlock"),
+              ("allocate_lock_all_put", "(d) Win.Allocate + Lock_all once, Put/Flush"),
+              ("shared_lock_all_copy", "(e) Win.Allocate_shared + Lock_all once, copy/Sync"),
+              ("jaxfog_put", "jaxfog win_put (jaxfog.jit, 1 destination)"))
+
+
+def busy_text(rows: list[dict]) -> list[str]:
+    lines = ["| write into the peer's window | "
+             + " | ".join(f"{human(r['bytes'])}, peer in MPI (us) | {human(r['bytes'])}, "
+                          f"peer computing {BUSY_US} us (us)" for r in rows) + " |",
+             "|---" * (1 + 2 * len(rows)) + "|"]
+    for key, label in BUSY_NAMES:
+        lines.append(f"| {label} | " + " | ".join(
+            f"{r[key + '_idle']:.1f} | {r[key + '_busy']:.1f}" for r in rows) + " |")
+    return lines
+
+
 SHARED_HEADER = ("| size | (a) Win.Allocate, Lock/Put/Unlock (us) | (b) Win.Allocate_shared, "
                  "Lock/copy/Sync/Unlock (us) | (b) / (a) | (c) Win.Allocate_shared, "
-                 "Lock/Put/Unlock (us) | (c) / (a) | other load (cores) |")
-SHARED_RULE = "|---" * 7 + "|"
+                 "Lock/Put/Unlock (us) | (d) Win.Allocate + Lock_all, Put/Flush (us) | "
+                 "(e) Win.Allocate_shared + Lock_all, copy/Sync (us) | (e) / (d) | "
+                 "other load (cores) |")
+SHARED_RULE = "|---" * 9 + "|"
 
 
 def shared_row(row: dict) -> str:
     a, b, c = row["allocate_put"], row["shared_copy"], row["shared_put"]
+    d, e = row["allocate_lock_all_put"], row["shared_lock_all_copy"]
     return (f"| {human(row['bytes'])} | {a:.1f} | {b:.1f} | {b / a:.2f} | {c:.1f} | "
-            f"{c / a:.2f} | {load_cell(row)} |")
+            f"{d:.1f} | {e:.1f} | {e / d:.2f} | {load_cell(row)} |")
 
 
-def shared_text(rows: list[dict], machine: str) -> str:
+def shared_text(rows: list[dict], busy: list[dict], machine: str) -> str:
     lines = ["# Shared-memory windows, 2 ranks on one node (mpi4py only)", "",
              f"Machine: {machine}", "",
              "Should jaxfog allocate its windows with `MPI_Win_allocate_shared` for ranks "
@@ -568,12 +686,22 @@ def shared_text(rows: list[dict], machine: str) -> str:
              "segment; `Lock(peer, LOCK_SHARED)`, numpy copy into the segment, `Sync`, "
              "`Unlock(peer)`;",
              "* (c) `Win.Allocate_shared`; `Lock(peer, LOCK_SHARED)`, `Put`, `Unlock(peer)` "
-             "(MPI's put on a shared window, for reference).", "",
+             "(MPI's put on a shared window, for reference);",
+             "* (d) `Win.Allocate` with one `Lock_all(MODE_NOCHECK)` epoch opened at "
+             "creation and held; per write `Put`, `Flush(peer)` (no lock per op);",
+             "* (e) `Win.Allocate_shared` with one `Lock_all(MODE_NOCHECK)` epoch held; per "
+             "write numpy copy into the peer's segment, `Sync`.", "",
              f"Each cell: the median of up to {PASSES} passes' medians over samples (30 to "
              "200 per pass by size, after a warm-up) of the slower rank's time; both ranks "
-             "write at once (each into the other), a barrier before every sample; (a), "
-             f"(b), (c) interleaved sample by sample. {LOAD_NOTE}", "",
+             "write at once (each into the other), a barrier before every sample; (a) to "
+             f"(e) interleaved sample by sample. {LOAD_NOTE}", "",
              SHARED_HEADER, SHARED_RULE] + [shared_row(r) for r in rows]
+    lines += ["", "## Does a write wait for the peer to enter MPI?", "",
+              f"Rank 1 either waits in a barrier (in MPI) or computes {BUSY_US} us outside "
+              "MPI (a Python busy loop) while rank 0 times one write into rank 1's window; "
+              "median of 30 samples after 10 discarded. A write that takes the peer's "
+              f"~{BUSY_US} us waits for the peer's MPI progress (a lock request the target "
+              "must serve), so it is not one-sided in practice.", ""] + busy_text(busy)
     return "\n".join(lines) + "\n"
 
 
@@ -584,6 +712,8 @@ def main() -> None:
                         help="rank counts to launch (default: 2 4)")
     parser.add_argument("--worker", action="store_true",
                         help="run as one rank (the script launches these itself)")
+    parser.add_argument("--sizes", type=int, nargs="+",
+                        help="array sizes in bytes (a partial run: no files written)")
     parser.add_argument("--plot-only", action="store_true",
                         help="redraw results/window.png from the JSON files")
     args = parser.parse_args()
@@ -592,7 +722,9 @@ def main() -> None:
     elif args.plot_only:
         plot(RESULTS / "window.png")
     else:
-        launch(args.ranks, ["--quick"] if args.quick else [])
+        extra = (["--quick"] if args.quick else []) + (
+            ["--sizes", *map(str, args.sizes)] if args.sizes else [])
+        launch(args.ranks, extra)
 
 
 if __name__ == "__main__":
