@@ -7,15 +7,16 @@ would, so that oversubscribed ranks get one XLA thread each). On jaxfog's
 default exponential graph and float32 arrays of 1 KB to 16 MB it times, as the
 median over repetitions of the slowest rank's time for one blocking call:
 
-* ``win_put`` / ``win_accumulate`` to the out-neighbours, inside ``jaxfog.jit``
-  (``block_until_ready`` on the result), against mpi4py doing the same RMA
+* ``win_put`` / ``win_accumulate`` to the out-neighbours, as ``x = put(x)`` with
+  ``put = jaxfog.jit(..., donate_argnums=0)`` (a training loop's call: no fresh
+  array is written; ``block_until_ready`` on the result), against mpi4py doing the same RMA
   calls on numpy buffers in a ``Win.Allocate`` window laid out like jaxfog's
   (region 0: the published value, region 1 + s: the slot of the s-th
-  in-neighbour): per destination ``Lock(dst, SHARED)``, ``Put`` (or
-  ``Accumulate(op=SUM)``) into my slot there, ``Unlock(dst)``; then
-  ``Lock(self, EXCLUSIVE)``, ``Sync``, a numpy copy of x into region 0,
-  ``Sync``, ``Unlock(self)``, which is what jaxfog's put does for the
-  published value;
+  in-neighbour), with one ``Lock_all(MODE_NOCHECK)`` epoch held from creation
+  as jaxfog holds: per destination ``Put`` (or ``Accumulate(op=SUM)``) into
+  my slot there and ``Flush(dst)``; then ``Sync``, a numpy copy of x into
+  region 0, ``Sync``, which is what jaxfog's put does for the published
+  value;
 * ``win_update`` (default weights) against the same weighted sum as one
   ``jax.jit`` op on local arrays;
 * on 2 ranks, mpi4py only: ``Win.Allocate`` + Lock/Put/Unlock to the peer
@@ -81,14 +82,16 @@ PUT_RATIO, PUT_SMALL_US, PUT_LARGE_BYTES = 1.25, 30.0, 64 << 10
 UPDATE_RATIO = 1.25
 
 BASELINE = ("mpi4py: `Win.Allocate` window of (1 + in-degree) regions laid out like "
-            "jaxfog's; per out-neighbour `Lock(dst, LOCK_SHARED)`, `Put` (accumulate: "
-            "`Accumulate(op=SUM)`) of the numpy array into my slot on dst, `Unlock(dst)`; "
-            "then `Lock(self, LOCK_EXCLUSIVE)`, `Sync`, numpy copy of x into my region 0 "
-            "(the published value), `Sync`, `Unlock(self)`. jaxfog: `jaxfog.jit(lambda x: "
-            "win_put(x, name))(x).block_until_ready()`: its C++ handler (jaxfog/ffi: "
-            "handlers.cc WinPutJob, mpi_window.cc), with whatever bookkeeping the "
-            "measured version adds (e.g. version counters), and the returned "
-            "`self_weight * x`.")
+            "jaxfog's, one `Lock_all(MODE_NOCHECK)` epoch held from creation (as jaxfog "
+            "holds; a lock per operation makes every write wait for its target to enter "
+            "MPI, see window_shared_memory.md); per out-neighbour `Put` (accumulate: "
+            "`Accumulate(op=SUM)`) of the numpy array into my slot on dst, `Flush(dst)`; "
+            "then `Sync`, numpy copy of x into my region 0 (the published value), `Sync`. "
+            "jaxfog: `x = put(x); x.block_until_ready()` with `put = jaxfog.jit(lambda x: "
+            "win_put(x, name), donate_argnums=0)` (as a loop calls it: the returned x is "
+            "the donated buffer, no fresh array): its C++ handler (jaxfog/ffi: "
+            "handlers.cc WinPutJob, mpi_window.cc): the same RMA calls, plus the version "
+            "count of a put.")
 
 
 LOAD_NOTE = (f"The machine is shared with other work: before each block of samples the "
@@ -293,7 +296,16 @@ def worker(args) -> None:
         # jaxfog
         W.win_create(x, name)
         put = jf.jit(lambda v: W.win_put(v, name))
-        acc = jf.jit(lambda v: W.win_accumulate(v, name))
+        # As a training loop calls them, x = win_put(x): the argument is donated,
+        # so the returned x (x itself, for self_weight 1) is the same buffer and
+        # no fresh array is written (mpi4py's side writes none either).
+        put_donated = jf.jit(lambda v: W.win_put(v, name), donate_argnums=0)
+        acc_donated = jf.jit(lambda v: W.win_accumulate(v, name), donate_argnums=0)
+        carried = {"put": jnp.array(x), "accumulate": jnp.array(x)}
+
+        def carry(key: str, fn) -> None:
+            carried[key] = fn(carried[key])
+            carried[key].block_until_ready()
         upd = jf.jit(lambda v: W.win_update(v, name))
         # Diagnostics: the ops with no per-call dispatch (LOOP of them in one
         # call), and a jitted call that returns one fresh scaled copy of x.
@@ -306,22 +318,20 @@ def worker(args) -> None:
         win = MPI.Win.Allocate((1 + len(ins)) * nbytes, 4, comm=comm)
         mem = np.frombuffer(win.tomemory(), dtype=np.float32)
         mem[:] = 0
+        win.Lock_all(MPI.MODE_NOCHECK)  # one epoch, as jaxfog holds
         comm.Barrier()
 
         def base_put(accumulate: bool) -> None:
             for d in outs:
-                win.Lock(d, MPI.LOCK_SHARED)
                 target = (my_region[d] * count, count, MPI.FLOAT)
                 if accumulate:
                     win.Accumulate(x_np, d, target=target, op=MPI.SUM)
                 else:
                     win.Put(x_np, d, target=target)
-                win.Unlock(d)
-            win.Lock(rank, MPI.LOCK_EXCLUSIVE)
+                win.Flush(d)
             win.Sync()
             np.copyto(mem[:count], x_np)
             win.Sync()
-            win.Unlock(rank)
 
         # Check that both sides move what they should before timing them.
         put(x).block_until_ready()
@@ -331,17 +341,15 @@ def worker(args) -> None:
         np.testing.assert_allclose(np.asarray(upd(x)), expected, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(np.asarray(update_sum(x, slots)), expected, rtol=1e-5,
                                    atol=1e-6)
-        win.Lock(rank, MPI.LOCK_EXCLUSIVE)
         win.Sync()
         for s, j in enumerate(ins):
             np.testing.assert_array_equal(mem[(1 + s) * count:(2 + s) * count], value(j, count))
-        win.Unlock(rank)
         comm.Barrier()
 
         fns = {
-            "put_jaxfog": lambda: put(x).block_until_ready(),
+            "put_jaxfog": lambda: carry("put", put_donated),
             "put_base": lambda: base_put(False),
-            "accumulate_jaxfog": lambda: acc(x).block_until_ready(),
+            "accumulate_jaxfog": lambda: carry("accumulate", acc_donated),
             "accumulate_base": lambda: base_put(True),
             "update_jaxfog": lambda: upd(x).block_until_ready(),
             "update_base": lambda: update_sum(x, slots).block_until_ready(),
@@ -355,6 +363,7 @@ def worker(args) -> None:
             if key in times:
                 times[key] /= LOOP
         comm.Barrier()
+        win.Unlock_all()
         win.Free()
         W.win_free(name)
         return times
