@@ -33,8 +33,8 @@ mass must be collected exactly once (push-sum).
 
 Each data-moving op is one custom call on MPI, ordered with jaxfog's other
 ops on the rank (program order), eagerly and inside ``jax.jit``,
-``jaxfog.jit``, ``lax.scan`` and ``fori_loop``; a pytree moves as one RMA
-epoch per peer. The ops are not differentiable (their effect on other
+``jaxfog.jit``, ``lax.scan`` and ``fori_loop``; a pytree moves to each peer
+as one completion (every leaf put, then one ``MPI_Win_flush``). The ops are not differentiable (their effect on other
 ranks' memory has no tangent): under ``grad`` they raise a ``TypeError``;
 differentiate the local computation around them.
 
