@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
+
+import _machine  # benchmarks/_machine.py, beside this script
 
 import jaxfog as jf
 import jaxfog.topology as T
@@ -209,15 +209,7 @@ def format_row(row: dict) -> str:
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; "
+    return (f"{_machine.cpu()}; "
             f"{SIZE} ranks on one machine; {MPI.Get_library_version().splitlines()[0]}; "
             f"jax {jax.__version__}")
 

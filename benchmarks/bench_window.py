@@ -53,13 +53,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+import _machine  # benchmarks/_machine.py, beside this script
 
 SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -266,15 +267,7 @@ def worker(args) -> None:
         return ((np.arange(count, dtype=np.float32) % 97) + r) * np.float32(1e-3)
 
     def machine() -> str:
-        cpu = "unknown CPU"
-        try:
-            for line in open("/proc/cpuinfo"):
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
-        return (f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; "
+        return (f"{_machine.cpu()}; "
                 f"{size} ranks on one machine; {MPI.Get_library_version().splitlines()[0]}; "
                 f"mpi4py {__import__('mpi4py').__version__}; jax {jax.__version__}; "
                 f"{source}")

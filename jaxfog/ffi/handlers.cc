@@ -851,7 +851,9 @@ ffi::ErrorOr<Job> WinGetJob(int64_t win_id, double, I64s src_ranks, I64s src_reg
     for (size_t s = 0; s < ranks.size(); ++s) {
       char* into = fetched.data() + s * region_bytes;
       JAXFOG_RETURN_IF_ERROR(window->Get(ranks[s], 0, into));
-      JAXFOG_RETURN_IF_ERROR(ScaleRegion(window->layout(), into, into, weights[s]));
+      if (weights[s] != 1.0) {  // the default weight: no pass over the data
+        JAXFOG_RETURN_IF_ERROR(ScaleRegion(window->layout(), into, into, weights[s]));
+      }
     }
     JAXFOG_RETURN_IF_ERROR(mutex.Release());
     JAXFOG_RETURN_IF_ERROR(window->Local([&](char* base) {

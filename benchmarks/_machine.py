@@ -1,0 +1,20 @@
+"""What machine a benchmark ran on, for the result tables."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+
+def cpu() -> str:
+    """The CPU model, core count and OS, e.g. 'AMD EPYC ..., 2 cores, Linux 6.1'."""
+    name = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
