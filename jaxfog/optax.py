@@ -72,12 +72,15 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 
 from jaxfog import runtime
 from jaxfog import topology as T
 from jaxfog.ops import allreduce, hierarchical_neighbor_allreduce, neighbor_allreduce
+from jaxfog.ops.window import (win_accumulate, win_create, win_update_then_collect,
+                               win_weight)
 
 Tree = Any
 
@@ -647,6 +650,92 @@ def push_sum(inner: optax.GradientTransformation, *, topology: Any = None
                                  state.count)
         z = jax.tree.map(lambda x: x / weight.astype(x.dtype), numerator)
         return _sub(z, params), PushSumState(inner_state, numerator, weight, state.count + 1)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+class AsyncPushSumState(NamedTuple):
+    """State of :func:`async_push_sum` (the push-sum weight lives in the window)."""
+
+    #: The inner transformation's state.
+    inner: optax.OptState
+    #: The numerator :math:`x` (the parameters after ``init``).
+    numerator: Tree
+
+
+def async_push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.push_sum",
+                   topology: T.Topology | None = None
+                   ) -> optax.GradientTransformationExtraArgs:
+    r"""Asynchronous push-sum / SGP over a one-sided window: nobody waits.
+
+    Agent :math:`i` with out-degree :math:`d_i` and share
+    :math:`a_i = 1 / (d_i + 1)`, numerator :math:`x_i` and weight :math:`p_i`:
+
+    .. math::
+
+        x_i &\leftarrow x_i + p_i u_i, \\
+        \text{for each out-neighbour } k:\quad s_{k,i} &\mathrel{+}= a_i (x_i, p_i)
+        \quad (\texttt{win\_accumulate}), \\
+        (x_i, p_i) &\leftarrow a_i (x_i, p_i) + \textstyle\sum_j s_{i,j},
+        \quad s_{i,j} \leftarrow 0 \quad (\texttt{win\_update\_then\_collect}), \\
+        z_i &= x_i / p_i,
+
+    where :math:`s_{i,j}` is the slot agent :math:`j` accumulates into on
+    agent :math:`i`, :math:`u_i` the inner update from the gradient at
+    :math:`z_i` (``params``), scaled by :math:`p_i` so that :math:`z_i` moves
+    by :math:`u_i` however much mass the agent holds (a fast agent's weight
+    shrinks while a slow neighbour has not collected; unscaled, its steps
+    would grow by :math:`1/p_i` and diverge). The shares form a column-stochastic matrix, so
+    the sums of :math:`x` and :math:`p` over agents and slots never change:
+    whatever has not yet been collected is still in a slot. A slow agent's
+    slots fill up and are drained at its next step; the fast agents never
+    wait for it. Accumulates and collects hold the receiver's mutex, so a
+    push is collected exactly once, wholly. With every agent stepping
+    together (or zero delays in the simulation) this is :func:`push_sum` (on
+a graph where every :math:`p_i` stays 1, e.g. a regular one; otherwise it
+differs by the scaling of the update).
+
+    ``init`` creates the window ``name`` (collective): call it once per
+    agent, and ``jaxfog.win_free(name)`` at the end. ``topology`` must be a
+    static :class:`~jaxfog.topology.Topology` (default: the current one when
+    ``init`` runs).
+
+    References:
+      Assran, Loizou, Ballas, Rabbat. *Stochastic Gradient Push for
+      Distributed Deep Learning*. ICML, 2019 (asynchronous variant).
+
+      Ying et al. *BlueFog*, 2021 (section IV, asynchronous push-sum).
+    """
+    shares: dict[str, Any] = {}
+
+    def init(params):
+        graph = runtime.load_topology() if topology is None else topology
+        if not isinstance(graph, T.Topology):
+            raise TypeError("async_push_sum: needs a static Topology, got "
+                            f"{type(graph).__name__}")
+        n = graph.size
+        edges = (graph.weights != 0) & ~np.eye(n, dtype=bool)  # edges[k, i]: i sends to k
+        share = 1.0 / (edges.sum(axis=0) + 1)
+        shares.update(self=share, push=np.where(edges.T, share[:, None], 0.0))
+        win_create(params, name, zero_init=True, with_weight=True,
+                   src_ranks=None if topology is None else range(n))
+        return AsyncPushSumState(inner.init(params), params)
+
+    def update(grads, state, params=None, **extra):
+        _need_params("async_push_sum", params)
+        u, inner_state = inner.update(grads, state.inner, params, **extra)
+        p = win_weight(name)  # scale: z = x / p moves by u, however little mass is here
+        x = jax.tree.map(lambda v, d: v + jnp.asarray(p).astype(v.dtype) * d,
+                         state.numerator, u)
+        r = runtime.rank()
+        pick = (lambda m: m[r]) if isinstance(r, (int, np.integer)) else (
+            lambda m: jnp.asarray(m)[r])
+        x = win_accumulate(x, name, self_weight=pick(shares["self"]),
+                           dst_weights=pick(shares["push"]), require_mutex=True)
+        x = win_update_then_collect(x, name)
+        p = win_weight(name)
+        z = jax.tree.map(lambda v: v / jnp.asarray(p).astype(v.dtype), x)
+        return _sub(z, params), AsyncPushSumState(inner_state, x)
 
     return optax.GradientTransformationExtraArgs(init, update)
 

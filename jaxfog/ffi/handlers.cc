@@ -753,6 +753,17 @@ ffi::ErrorOr<Job> WinPutJob(int64_t win_id, double self_weight, I64s dst_ranks, 
   std::vector<int> ranks = Ranks(dst_ranks);
   std::vector<int64_t> regions(dst_regions.begin(), dst_regions.end());
   std::vector<double> weights(dst_weights.begin(), dst_weights.end());
+  // Region 0 is a destination's published value: an accumulate onto it changes
+  // that rank's value (AD-PSGD's pairwise average), so the sender's own value
+  // and weight stay as they are. Region 0's control word is the mutex: never
+  // counted, never put.
+  const bool into_values =
+      !regions.empty() && std::all_of(regions.begin(), regions.end(),
+                                      [](int64_t region) { return region == 0; });
+  if (!into_values && std::find(regions.begin(), regions.end(), 0) != regions.end()) {
+    return ffi::Unexpected<ffi::Error>(Malformed(kOp));
+  }
+  if (into_values && !kAccumulate) return ffi::Unexpected<ffi::Error>(Malformed(kOp));
   return Job{TotalBytes(call.in), [=]() -> ffi::Error {
     timeline::Span span(OpName(kOp), timeline::Span::kOp);
     Window* window = call.window;
@@ -792,6 +803,7 @@ ffi::ErrorOr<Job> WinPutJob(int64_t win_id, double self_weight, I64s dst_ranks, 
           window->Put(ranks[d], regions[d], runs, kAccumulate, /*count=*/!kAccumulate));
     }
     JAXFOG_RETURN_IF_ERROR(mutex.Release());
+    if (into_values) return ffi::Error::Success();
     JAXFOG_RETURN_IF_ERROR(window->Local([&](char* base) {
       for (size_t l = 0; l < in.size(); ++l) {
         if (in[l].bytes) std::memcpy(base + layout.leaves[l].offset, in[l].in, in[l].bytes);

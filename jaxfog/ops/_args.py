@@ -260,6 +260,9 @@ class WinCreate(NamedTuple):
     with_weight: bool
     src_ranks: tuple[int, ...] | None
     what: str
+    #: MPI only, internal (AD-PSGD): keep a slot for the rank itself, so that
+    #: it can read its own published value with win_get under its mutex.
+    self_slot: bool = False
 
 
 def win_create(*, name: Any, zero_init: Any, with_weight: Any, src_ranks: Any) -> WinCreate:
@@ -289,6 +292,9 @@ class WinPut(NamedTuple):
     require_mutex: bool
     accumulate: bool
     what: str
+    #: MPI only, internal (AD-PSGD): accumulate onto the destinations'
+    #: published values (region 0), not into my slots there.
+    into_values: bool = False
 
 
 def win_put(*, name: Any, self_weight: Any, dst_weights: Any, require_mutex: Any,

@@ -84,7 +84,7 @@ def win_create(leaves: list, treedef: Any, args: _args.WinCreate) -> bool:
         raise ValueError(f"{what}: window {args.name!r} exists already (win_free it first)")
     rank, size, topology = runtime.rank(), runtime.size(), runtime.load_topology()
     sources = (tuple(topology.in_neighbors(rank)) if args.src_ranks is None
-               else tuple(r for r in args.src_ranks if r != rank))
+               else tuple(r for r in args.src_ranks if r != rank or args.self_slot))
     comm = runtime.communicator()
     mine = (args.name, _window_spec.describe(leaves, treedef), args.with_weight)
     everyone = comm.allgather((mine, sources))
@@ -166,8 +166,16 @@ def win_put(leaves: list, treedef: Any, args: _args.WinPut) -> list:
     out_neighbors = np.zeros(runtime.size())
     out_neighbors[list(topology.out_neighbors(rank))] = 1.0
     dsts = _named(args.dst, out_neighbors, args.what, "dst_weights")
-    window.spec.check_sources(np.array(sorted(dsts), int), np.full(len(dsts), rank), args.what)
     ranks = tuple(sorted(dsts))
+    if args.into_values:
+        if not args.accumulate:
+            raise ValueError(f"{args.what}: only an accumulate can target published values")
+        P.win_accumulate_p.bind(*leaves, win_id=window.id, self_weight=1.0, dst_ranks=ranks,
+                                dst_regions=(0,) * len(ranks),
+                                dst_weights=tuple(dsts[d] for d in ranks),
+                                require_mutex=args.require_mutex)
+        return list(leaves)
+    window.spec.check_sources(np.array(ranks, int), np.full(len(dsts), rank), args.what)
     prim = P.win_accumulate_p if args.accumulate else P.win_put_p
     self_weight = _self_weight(args.self_weight, 1.0, args.what)
     prim.bind(*leaves, win_id=window.id, self_weight=self_weight, dst_ranks=ranks,

@@ -325,3 +325,46 @@ def win_weight(name: str) -> Any:
 def win_mutex(name: str, ranks: Any) -> contextlib.AbstractContextManager[None]:
     _lookup(name, "win_mutex")
     return contextlib.nullcontext()
+
+
+# -- AD-PSGD's shared models (jaxfog.asynchrony): the published values ---------------------
+
+
+def read_value(name: str) -> Any:
+    """This agent's published value of window ``name`` (its pytree)."""
+    window = _lookup(name, "adpsgd")
+    return jax.tree.unflatten(window.spec.treedef, list(window.refs["published"][l][...]
+                                                       for l in range(len(window.spec.avals))))
+
+
+def add_to_value(name: str, x: Any) -> None:
+    """Adds ``x`` onto this agent's published value (where it is active)."""
+    window = _lookup(name, "adpsgd")
+    go = active()
+    for ref, leaf in zip(window.refs["published"], jax.tree.leaves(x)):
+        ref[...] = jnp.where(go, ref[...] + leaf.astype(ref.dtype), ref[...])
+
+
+def pair_average(name: str, peer: Any) -> None:
+    """Every active agent ``a`` sets ``v_a = v_peer(a) = (v_a + v_peer(a)) / 2``,
+    atomically, one after another in rank order (AD-PSGD's averages of the
+    agents that step together, serialised as their mutexes would)."""
+    sim = _context.current()
+    window = _lookup(name, "adpsgd")
+    peers = lax.all_gather(jnp.asarray(peer, jnp.int32), sim.axis_name)
+    going = lax.all_gather(active(), sim.axis_name)
+    values = [lax.all_gather(ref[...], sim.axis_name) for ref in window.refs["published"]]
+    for a in range(sim.size):
+        b = peers[a]
+        for l, v in enumerate(values):
+            mean = (v[a] + v[b]) / 2
+            values[l] = jnp.where(going[a], v.at[a].set(mean).at[b].set(mean), v)
+    for ref, v in zip(window.refs["published"], values):
+        ref[...] = v[sim.rank]
+
+
+def active() -> Any:
+    """Whether this agent steps now: always, unless the simulation has
+    :class:`jaxfog.Delays` (then the agents whose step ends now)."""
+    clock = getattr(_context.current(), "clock", None)
+    return True if clock is None else clock.active

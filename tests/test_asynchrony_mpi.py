@@ -1,0 +1,119 @@
+"""jaxfog.asynchrony on MPI processes, one rank slowed: conservation, no
+deadlock, Hop's bounds. Every rank checks its own values."""
+
+from __future__ import annotations
+
+from mpi_harness import mpi_test
+
+
+@mpi_test(nprocs=(2, 4, 5), timeout=240)
+def test_async_push_sum_mass_and_consensus_with_a_sleeping_rank():
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    import jaxfog as jf
+    import jaxfog.asynchrony as jfa
+
+    jax.config.update("jax_enable_x64", True)
+    jf.init()
+    r, n = jf.rank(), jf.size()
+    x0 = np.random.default_rng(r).standard_normal(4) + r
+    mean = np.mean([np.random.default_rng(q).standard_normal(4) + q for q in range(n)], 0)
+    trainer = jfa.push_sum(optax.sgd(0.0))
+    state = trainer.init(jnp.asarray(x0))
+    zero = lambda p, k: jnp.zeros_like(p)  # noqa: E731
+    nap = (lambda s: time.sleep(0.003)) if r == 0 else None
+    state = jfa.run(trainer, state, zero, 60, callback=nap)
+    jf.barrier()  # quiescent: every push has landed; collect it
+    x = jf.win_update_then_collect(state.opt_state.numerator, "jaxfog.push_sum")
+    p = jf.win_weight("jaxfog.push_sum")
+    totals = np.asarray(jf.allreduce(jnp.concatenate([x, jnp.array([p])]), "sum"))
+    np.testing.assert_allclose(totals[:-1] / totals[-1], mean, rtol=1e-12)
+    np.testing.assert_allclose(totals[-1], n, rtol=1e-12)
+    jf.barrier()
+    trainer.free()
+
+
+@mpi_test(nprocs=(2, 5), timeout=240)
+def test_adpsgd_conserves_pairs_and_never_deadlocks():
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    import jaxfog as jf
+    import jaxfog.asynchrony as jfa
+    import jaxfog.topology as T
+
+    jax.config.update("jax_enable_x64", True)
+    jf.init()
+    r, n = jf.rank(), jf.size()
+    jf.set_topology(T.ring(n) if n > 2 else T.exponential(n))
+    x0 = np.random.default_rng(r).standard_normal(5)
+    total = sum(np.random.default_rng(q).standard_normal(5) for q in range(n))
+    trainer = jfa.adpsgd(optax.sgd(0.0), seed=r)
+    state = trainer.init(jnp.asarray(x0))
+    zero = jax.jit(lambda p, k: jnp.zeros_like(p))
+    nap = (lambda s: time.sleep(0.001)) if r == 0 else None
+    state = jfa.run(trainer, state, zero, 150, callback=nap)  # random peers, contended
+    jf.barrier()
+    x = np.asarray(trainer.params(state))
+    np.testing.assert_allclose(np.asarray(jf.allreduce(jnp.asarray(x), "sum")), total,
+                               rtol=1e-12)
+    assert np.linalg.norm(x - total / n) < 1e-3 * np.linalg.norm(total / n) + 1e-6
+    jf.barrier()
+    trainer.free()
+
+
+@mpi_test(nprocs=(4,), timeout=240)
+def test_hop_keeps_its_staleness_bound_and_backups_survive_a_stopped_rank():
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    import jaxfog as jf
+    import jaxfog.asynchrony as jfa
+    import jaxfog.topology as T
+
+    jax.config.update("jax_enable_x64", True)
+    jf.init()
+    r, n = jf.rank(), jf.size()
+    topo = T.exponential(n)
+    jf.set_topology(topo)
+    ins = list(topo.in_neighbors(r))
+    grad = jax.jit(lambda p, k: p - float(r))
+    # Bounded staleness, rank 0 slow: log (k, neighbours' counters) at each step.
+    trainer = jfa.hop(optax.sgd(0.1), staleness=2, backups=1)
+    state = trainer.init(jnp.zeros(3))
+    log = []
+    nap = (lambda s: time.sleep(0.004)) if r == 0 else None
+
+    def record(s):
+        log.append((int(s.iteration), np.asarray(s.seen)))
+        if nap:
+            nap(s)
+
+    state = jfa.run(trainer, state, grad, 40, callback=record)
+    k_prev = 0
+    for k, seen in log:
+        assert min(seen[j] for j in ins) >= k_prev - 2, (k_prev, seen)
+        k_prev = k
+    jf.barrier()
+    trainer.free()
+    # Backup workers without a staleness bound: rank 0 stops, the others go on.
+    trainer = jfa.hop(optax.sgd(0.1), staleness=None, backups=1, name="hop2")
+    state = trainer.init(jnp.zeros(3))
+    if r != 0:
+        state = jfa.run(trainer, state, grad, 30)
+        assert int(state.iteration) >= 30
+    jf.barrier()
+    trainer.free()
