@@ -31,8 +31,8 @@ The trainers:
   agent jumps its counter to its neighbours').
 
 Every trainer runs on MPI processes (``jaxfog run``) and on simulated agents
-(:func:`jaxfog.simulate`, where :class:`jaxfog.Delays` makes time and speed
-part of the simulation). ``trainer.ready(state)`` says whether an agent may
+(:func:`jaxfog.simulate`, where the agents step together: the zero-delay
+case). ``trainer.ready(state)`` says whether an agent may
 start its next iteration (always for all but Hop); :func:`run` is the loop
 that waits for it on MPI.
 
@@ -68,21 +68,18 @@ GradFn = Callable[[Tree, jax.Array], Tree]
 
 
 class Trainer(NamedTuple):
-    """One agent's training loop, synchronous or asynchronous.
+    """One agent's training loop, synchronous or asynchronous."""
 
-    Attributes:
-      init: ``init(params) -> state``; collective (it may create windows).
-      step: ``step(state, grad_fn) -> state``: one iteration of this agent.
-      params: ``params(state) -> params``: the agent's current model.
-      ready: ``ready(state) -> bool``: may the agent start its next
-        iteration now (Hop's bounds); always True for the others.
-      free: ``free()``: releases the windows; collective.
-    """
-
+    #: ``init(params) -> state``; collective (it may create windows).
     init: Callable[[Tree], Any]
+    #: ``step(state, grad_fn) -> state``: one iteration of this agent.
     step: Callable[[Any, GradFn], Any]
+    #: ``params(state) -> params``: the agent's current model.
     params: Callable[[Any], Tree]
+    #: ``ready(state) -> bool``: may the agent start its next iteration now
+    #: (Hop's bounds); always True for the others.
     ready: Callable[[Any], Any]
+    #: ``free()``: releases the windows; collective.
     free: Callable[[], None]
 
 
