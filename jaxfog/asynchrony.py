@@ -59,7 +59,9 @@ import optax
 
 from jaxfog import _context, runtime
 from jaxfog import topology as T
-from jaxfog.ops import _args, backends
+from jaxfog import optax as jf_optax
+from jaxfog.ops import _args, backends, barrier
+from jaxfog.ops.backends import simulated_windows as sw
 from jaxfog.ops import window as W
 from jaxfog.ops.jit import jit
 
@@ -133,8 +135,6 @@ def from_optax(optimizer: optax.GradientTransformation, *,
 def push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.push_sum",
              topology: T.Topology | None = None) -> Trainer:
     """Asynchronous push-sum / SGP: ``from_optax(jaxfog.optax.async_push_sum(...))``."""
-    from jaxfog import optax as jf_optax
-
     return from_optax(jf_optax.async_push_sum(inner, name=name, topology=topology),
                       free=lambda: W.win_free(name))
 
@@ -305,8 +305,6 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
 
     def step(state, grad_fn):
         if _simulated():
-            from jaxfog.ops.backends import simulated_windows as sw
-
             x = sw.read_value(name)
             u, opt_state = local(x, state.opt_state, state.iteration, grad_fn)
             sw.pair_average(name, peer(state.iteration))
@@ -330,8 +328,6 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
 
     def params(state):
         if _simulated():
-            from jaxfog.ops.backends import simulated_windows as sw
-
             return sw.read_value(name)
         if "read" not in compiled:
             compiled["read"] = jit(read_mpi)
@@ -410,7 +406,6 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
         # The neighbours' slots start with this agent's own model: send it once.
         W.win_put(params, models)
         if not _simulated():
-            from jaxfog.ops import barrier
             barrier()
         return HopState(params, params, inner.init(params), jnp.zeros([], jnp.int32),
                         jnp.zeros(held["n"], jnp.int32))
