@@ -150,12 +150,6 @@ def _graph(topology: T.Topology | None, what: str) -> T.Topology:
     return graph
 
 
-def _mine(row_table: np.ndarray) -> Any:
-    """This agent's row of a rank-indexed table: numpy on MPI, traced when simulated."""
-    r = runtime.rank()
-    return row_table[r] if isinstance(r, (int, np.integer)) else jnp.asarray(row_table)[r]
-
-
 def _mix32(x):
     """A 32-bit integer hash (the same in numpy and jax.numpy; wraps on overflow)."""
     x = x ^ (x >> 16)
@@ -284,7 +278,7 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
     def peer(iteration):
         table, count = state_template["table"], state_template["count"]
         r = runtime.rank()
-        return _mine(table)[pick(seed, r, iteration, _mine(count))]
+        return jf_optax._rank_row(table)[pick(seed, r, iteration, jf_optax._rank_row(count))]
 
     def read_mpi():
         r = runtime.rank()
@@ -412,10 +406,10 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
 
     def read_counters():
         return W.win_update(jnp.zeros(held["n"], jnp.int32), counters, self_weight=0.0,
-                            src_weights=_mine(held["ins"].astype(np.float64)))
+                            src_weights=jf_optax._rank_row(held["ins"].astype(np.float64)))
 
     def admissible(seen, k):
-        ins = _mine(held["ins"])
+        ins = jf_optax._rank_row(held["ins"])
         fresh = ins & (seen >= k)
         ok = jnp.sum(fresh) >= jnp.sum(ins) - backups
         if staleness is not None:
@@ -431,9 +425,8 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
 
     def weights(fresh):
         w = held["graph"].weights
-        row, self_w = _mine(w * ~np.eye(held["n"], dtype=bool)), _mine(np.diag(w).copy())
-        row = jnp.where(fresh, row, 0.0) if not isinstance(fresh, np.ndarray) else (
-            np.where(fresh, row, 0.0))
+        self_w = jf_optax._rank_row(np.diag(w).copy())
+        row = jnp.where(fresh, jf_optax._rank_row(w * ~np.eye(held["n"], dtype=bool)), 0.0)
         total = self_w + row.sum()
         return self_w / total, row / total
 
@@ -444,7 +437,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
         y = optax.apply_updates(x, u)
         k = state.iteration + 1
         if skip:
-            k = jnp.maximum(k, jnp.max(jnp.where(_mine(held["ins"]), seen, 0)).astype(k.dtype))
+            k = jnp.maximum(k, jnp.max(jnp.where(jf_optax._rank_row(held["ins"]), seen, 0)).astype(k.dtype))
         W.win_put(y, models)
         W.win_put(jnp.zeros(held["n"], jnp.int32).at[runtime.rank()].set(k), counters)
         return HopState(x, y, opt_state, k, seen.astype(jnp.int32))
@@ -463,6 +456,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
         k = int(state.iteration)
         fresh = held["ins"][runtime.rank()] & (seen >= k)
         self_w, row = weights(fresh)
+        row = np.asarray(row)
         src = tuple((int(j), float(row[j])) for j in np.flatnonzero(row))
         return compiled["local"](state, seen, float(self_w), src, grad_fn)
 

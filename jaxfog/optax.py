@@ -654,6 +654,13 @@ def push_sum(inner: optax.GradientTransformation, *, topology: Any = None
     return optax.GradientTransformationExtraArgs(init, update)
 
 
+def _rank_row(table: np.ndarray) -> Any:
+    """This rank's row of a rank-indexed table: numpy on MPI (static
+    weights), traced on simulated agents."""
+    r = runtime.rank()
+    return table[r] if isinstance(r, (int, np.integer)) else jnp.asarray(table)[r]
+
+
 class AsyncPushSumState(NamedTuple):
     """State of :func:`async_push_sum` (the push-sum weight lives in the window)."""
 
@@ -727,11 +734,8 @@ differs by the scaling of the update).
         p = win_weight(name)  # scale: z = x / p moves by u, however little mass is here
         x = jax.tree.map(lambda v, d: v + jnp.asarray(p).astype(v.dtype) * d,
                          state.numerator, u)
-        r = runtime.rank()
-        pick = (lambda m: m[r]) if isinstance(r, (int, np.integer)) else (
-            lambda m: jnp.asarray(m)[r])
-        x = win_accumulate(x, name, self_weight=pick(shares["self"]),
-                           dst_weights=pick(shares["push"]), require_mutex=True)
+        x = win_accumulate(x, name, self_weight=_rank_row(shares["self"]),
+                           dst_weights=_rank_row(shares["push"]), require_mutex=True)
         x = win_update_then_collect(x, name)
         p = win_weight(name)
         z = jax.tree.map(lambda v: v / jnp.asarray(p).astype(v.dtype), x)
