@@ -56,11 +56,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax import lax
 
 from jaxfog import _context, runtime
 from jaxfog import topology as T
 from jaxfog import optax as jf_optax
 from jaxfog.ops import _args, backends, barrier
+from jaxfog.ops.backends import simulated_clock as sc
 from jaxfog.ops.backends import simulated_windows as sw
 from jaxfog.ops import window as W
 from jaxfog.ops.jit import jit
@@ -83,6 +85,10 @@ class Trainer(NamedTuple):
     ready: Callable[[Any], Any]
     #: ``free()``: releases the windows; collective.
     free: Callable[[], None]
+    #: Whether agents step independently (in simulated time, the agents
+    #: whose steps end first go first); a synchronous trainer's agents step
+    #: together and its ops wait for the neighbours.
+    asynchronous: bool = False
 
 
 def _always(state: Any) -> bool:
@@ -110,10 +116,11 @@ class OptaxState(NamedTuple):
 
 
 def from_optax(optimizer: optax.GradientTransformation, *,
-               free: Callable[[], None] = _nothing) -> Trainer:
+               free: Callable[[], None] = _nothing, asynchronous: bool = False) -> Trainer:
     """A trainer of one optax transformation: ``g = grad_fn(x, k)``,
     ``x += update(g)``. Synchronous for jaxfog's neighbour and collective
-    ops, asynchronous for window-based ones (``async_push_sum``)."""
+    ops; pass ``asynchronous=True`` for window-based ones that never wait
+    (``async_push_sum``)."""
 
     def init(params):
         return OptaxState(params, optimizer.init(params), jnp.zeros([], jnp.int32))
@@ -129,14 +136,14 @@ def from_optax(optimizer: optax.GradientTransformation, *,
     def step(state, grad_fn):
         return local(state, grad_fn) if _simulated() else compiled(state, grad_fn)
 
-    return Trainer(init, step, lambda state: state.params, _always, free)
+    return Trainer(init, step, lambda state: state.params, _always, free, asynchronous)
 
 
 def push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.push_sum",
              topology: T.Topology | None = None) -> Trainer:
     """Asynchronous push-sum / SGP: ``from_optax(jaxfog.optax.async_push_sum(...))``."""
     return from_optax(jf_optax.async_push_sum(inner, name=name, topology=topology),
-                      free=lambda: W.win_free(name))
+                      free=lambda: W.win_free(name), asynchronous=True)
 
 
 # -- shared helpers -------------------------------------------------------------------------
@@ -332,7 +339,7 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
         compiled.clear()
         W.win_free(name)
 
-    return Trainer(init, step, params, _always, free)
+    return Trainer(init, step, params, _always, free, True)
 
 
 class HopState(NamedTuple):
@@ -465,15 +472,37 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
         W.win_free(models)
         W.win_free(counters)
 
-    return Trainer(init, step, lambda state: state.params, ready, free)
+    return Trainer(init, step, lambda state: state.params, ready, free, True)
+
+
+def now() -> Any:
+    """Seconds on this agent's clock: its simulated time under
+    ``simulate(delays=...)`` (0 without delays), ``time.perf_counter()`` on MPI."""
+    return sc.now() if _simulated() else time.perf_counter()
 
 
 def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
         poll: float = 1e-4, callback: Callable[[Any], None] | None = None) -> Any:
-    """This agent's iterations on MPI until its counter reaches ``iterations``
-    (Hop's skips move it forward): waits for ``trainer.ready`` before each
-    step, polling every ``poll`` seconds, and raises ``TimeoutError`` after
-    ``JAXFOG_TIMEOUT`` (a neighbour stopped); ``callback(state)`` after each."""
+    """This agent's iterations until its counter reaches ``iterations`` (Hop's
+    skips move it forward).
+
+    On MPI it waits for ``trainer.ready`` before each step, polling every
+    ``poll`` seconds, and raises ``TimeoutError`` after ``JAXFOG_TIMEOUT`` (a
+    neighbour stopped); ``callback(state)`` after each step.
+
+    On simulated agents it is a loop of ticks (jit it): with
+    ``simulate(delays=...)``, each tick runs the ready agents whose steps end
+    first, at that moment of simulated time (an asynchronous trainer), or
+    every agent with its compute time charged (a synchronous one, whose ops
+    wait for the neighbours); without delays, every ready agent steps each
+    tick. It ends when every agent is done, or when none can go on (a
+    deadlock, e.g. Hop with a stopped neighbour: the counters say so).
+    """
+    if _simulated():
+        if callback is not None:
+            raise TypeError("run: callback runs on MPI only; on simulated agents call run "
+                            "in chunks of iterations")
+        return _run_simulated(trainer, state, grad_fn, iterations)
     limit = runtime.timeout()
     while int(state.iteration) < iterations:
         start = time.monotonic()
@@ -489,5 +518,55 @@ def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
     return state
 
 
+def _run_simulated(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int) -> Any:
+    axis = _context.current().axis_name
+    timed = sc.timing() is not None
+    event_driven = timed and trainer.asynchronous
+
+    def tick(carry):
+        state, _ = carry
+        todo = state.iteration < iterations
+        ready = todo & trainer.ready(state)
+        if event_driven:
+            # The next event: the first step to end, or a message reaching an
+            # agent that waits (it may make it ready).
+            ends = jnp.where(ready, sc.now() + sc.compute_time(state.iteration), jnp.inf)
+            wakes = jnp.where(todo & ~ready, sw.next_arrival(), jnp.inf)
+            t = lax.pmin(jnp.minimum(ends, wakes), axis).astype(jnp.result_type(float))
+            go = ready & (ends == t)
+            # The stepping agents' steps end now; the waiting ones waited until now.
+            sc.set_now(jnp.where(go | (todo & ~ready), jnp.maximum(sc.now(), t), sc.now()))
+        else:
+            go = ready
+            t = jnp.where(lax.pmax(ready, axis), 0.0, jnp.inf)
+            with sc.stepping(go):
+                sc.set_now(sc.now() + sc.compute_time(state.iteration))
+        with sc.stepping(go):
+            new = trainer.step(state, grad_fn)
+        state = jax.tree.map(lambda old, new: jnp.where(go, new, old), state, new)
+        return state, t
+
+    def body(carry):
+        # The windows and the clock travel in the carry: a while_loop body may
+        # not update the references outside it.
+        state, t, windows, clock = carry
+        with sw.local_refs(windows) as read_windows, sc.local_ref(clock) as read_clock:
+            state, t = tick((state, t))
+            return state, t, read_windows(), read_clock()
+
+    def more(carry):
+        state, t = carry[:2]
+        return lax.pmax(state.iteration < iterations, axis) & (t < jnp.inf)
+
+    session = sc.current()
+    clock = None if session.now is None else session.now[...]
+    state, _, windows, clock = lax.while_loop(more, body, (
+        state, jnp.zeros([], jnp.result_type(float)), sw.values(), clock))
+    sw.store(windows)
+    if clock is not None:
+        session.now[...] = clock
+    return state
+
+
 __all__ = ["ADPSGDState", "HopState", "OptaxState", "Trainer", "adpsgd", "from_optax", "hop",
-           "pick", "push_sum", "run"]
+           "now", "pick", "push_sum", "run"]

@@ -12,7 +12,8 @@ for a whole script.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+import math
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,7 @@ import numpy as np
 from jaxfog import _context, runtime
 from jaxfog import topology as T
 from jaxfog.ops import allreduce
+from jaxfog.ops.backends import simulated_clock as clock
 from jaxfog.ops.backends import simulated_windows as windows
 from jaxfog.ops.jit import jit
 
@@ -28,10 +30,82 @@ from jaxfog.ops.jit import jit
 AGENT_AXIS = "jaxfog_agents"
 
 
+class Delays(NamedTuple):
+    """A seeded model of time for simulated agents (``simulate(delays=...)``).
+
+    Agent ``i``'s step ``k`` computes for ``compute[i] * (1 + jitter * u)``
+    seconds, ``u`` uniform in ``[-1, 1]`` drawn from ``(seed, i, k)``; a
+    message from ``j`` to ``i`` travels ``message[j, i]`` seconds. With
+    delays, :func:`jaxfog.asynchrony.run` runs the agents in simulated time:
+    each step happens at the moment it ends, the agents whose steps end
+    first go first, a window put becomes visible to its receiver once its
+    delay has passed, a synchronous op waits for its last in-neighbour, and a
+    trainer that is not ready (Hop's bounds) waits for the next event.
+    :func:`jaxfog.asynchrony.now` is an agent's simulated time. The same
+    seed gives the same run.
+
+    One-sided reads of published values (``win_get``, AD-PSGD's pairwise
+    average) take no time in this model.
+    """
+
+    #: Seconds per step: one number, or one per agent.
+    compute: Any = 1.0
+    #: Seconds per message: one number, or an (n, n) matrix ``[src, dst]``.
+    message: Any = 0.0
+    #: Relative spread of each step's compute time (0 <= jitter < 1).
+    jitter: float = 0.0
+    #: Seed of the compute-time draws.
+    seed: int = 0
+    #: Messages kept in flight per edge and window (default: enough for the
+    #: slowest edge at the fastest agent's pace); a full queue delivers its
+    #: oldest message early.
+    queue: int | None = None
+
+    @classmethod
+    def straggler(cls, n: int, slowdown: float, *, agent: int = 0, compute: float = 1.0,
+                  **kwargs: Any) -> "Delays":
+        """Every agent computes for ``compute`` seconds a step, ``agent`` for
+        ``slowdown`` times that."""
+        times = np.full(n, float(compute))
+        times[agent] *= slowdown
+        return cls(compute=times, **kwargs)
+
+    @classmethod
+    def random_messages(cls, n: int, low: float, high: float, *, seed: int = 0,
+                        **kwargs: Any) -> "Delays":
+        """Each edge's message delay drawn once, uniform in ``[low, high]``."""
+        message = np.random.default_rng(seed).uniform(low, high, (n, n))
+        return cls(message=message, seed=seed, **kwargs)
+
+    def resolve(self, n: int) -> clock.Timing:
+        """The model for ``n`` agents (checked)."""
+        compute = np.broadcast_to(np.asarray(self.compute, np.float64), (n,)).copy() if (
+            np.ndim(self.compute) in (0, 1) and np.size(self.compute) in (1, n)) else None
+        message = np.asarray(self.message, np.float64)
+        if compute is None or not np.isfinite(compute).all() or (compute <= 0).any():
+            raise ValueError(f"Delays: compute must be one positive number or {n} of them, "
+                             f"got {self.compute!r}")
+        if message.ndim not in (0, 2) or (message.ndim == 2 and message.shape != (n, n)) or (
+                not np.isfinite(message).all() or (message < 0).any()):
+            raise ValueError(f"Delays: message must be a number >= 0 or an ({n}, {n}) "
+                             "matrix of them")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"Delays: jitter must be in [0, 1), got {self.jitter!r}")
+        message = np.broadcast_to(message, (n, n)).copy()
+        queue = self.queue
+        if queue is None:
+            fastest = compute.min() * (1 - self.jitter)
+            queue = int(math.ceil(message.max() / fastest)) + 2
+        if not isinstance(queue, (int, np.integer)) or queue < 1:
+            raise ValueError(f"Delays: queue must be a positive int, got {queue!r}")
+        return clock.Timing(compute, message, float(self.jitter), int(self.seed), int(queue))
+
+
 def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
              local_size: int = 1,
              machine_topology: T.Topology | None = None, in_axes: Any = 0,
-             out_axes: Any = 0, axis_name: str = AGENT_AXIS) -> Callable:
+             out_axes: Any = 0, axis_name: str = AGENT_AXIS,
+             delays: Delays | None = None) -> Callable:
     """Runs the per-agent function ``fn`` for n agents in this process.
 
     Args:
@@ -46,6 +120,9 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
       machine_topology: default ``exponential(n // local_size)``.
       in_axes, out_axes: as for ``jax.vmap`` (the agent axis).
       axis_name: name of the agent axis.
+      delays: a :class:`Delays` model: the agents run in simulated time
+        (their clocks start at 0 and carry over between calls of the
+        returned function).
 
     Returns:
       A function of stacked per-agent arguments; jit it, grad it, scan it.
@@ -76,6 +153,13 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
         raise ValueError(f"simulate: machine_topology must be a Topology over {machines} "
                          "machines")
     simulation = _context.Simulation(axis_name, n, topology, int(local_size), machine_topology)
+    if delays is not None and not isinstance(delays, Delays):
+        raise TypeError(f"simulate: delays must be a jaxfog.Delays, got {type(delays).__name__}")
+    timing = None if delays is None else delays.resolve(n)
+    clocks = None
+    if timing is not None:
+        with jax.ensure_compile_time_eval():
+            clocks = jax.new_ref(jnp.zeros(n, jnp.result_type(float)))
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
@@ -84,16 +168,17 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
         refs = windows.kept_refs()
         sessions = []
 
-        def per_agent(refs, *args, **kwargs):
-            with _context.simulating(simulation), windows.bound(refs) as session:
+        def per_agent(refs, now, *args, **kwargs):
+            with _context.simulating(simulation), windows.bound(refs) as session, \
+                    clock.bound(timing, now):
                 out = fn(*args, **kwargs)
             sessions.append(session)
             return out, windows.created_states(session)
 
-        axes = (0, *in_axes) if isinstance(in_axes, (tuple, list)) else (
-            (0,) + (in_axes,) * len(args))
+        axes = (0, 0, *in_axes) if isinstance(in_axes, (tuple, list)) else (
+            (0, 0) + (in_axes,) * len(args))
         out, created = jax.vmap(per_agent, in_axes=axes, out_axes=(out_axes, 0),
-                                axis_name=axis_name)(refs, *args, **kwargs)
+                                axis_name=axis_name)(refs, clocks, *args, **kwargs)
         session = sessions[-1]
         windows.keep({name: session.windows[name].spec for name in created}, created,
                      session.freed)

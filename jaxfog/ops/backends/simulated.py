@@ -35,6 +35,7 @@ from jaxfog import _context
 from jaxfog import topology as T
 from jaxfog.ops import _args
 from jaxfog.ops.backends import _numerics
+from jaxfog.ops.backends import simulated_clock as _clock
 from jaxfog.ops.backends import simulated_windows as _windows
 
 
@@ -137,13 +138,16 @@ class SimulatedBackend:
         sim, graph = self.sim, args.graph
         if isinstance(graph, T.Schedule):
             if isinstance(args.step, int):
+                _clock.synchronize(graph.at(args.step).weights != 0)
                 return _mix(leaves, graph.at(args.step).weights, sim)
+            _clock.synchronize(np.any([t.weights != 0 for t in graph], axis=0))
             branches = [functools.partial(_mix, w=t.weights, sim=sim) for t in graph]
             return lax.switch(args.step.astype(jnp.int32) % graph.period, branches, leaves)
         # Every agent's plan is a row of one W, so senders and receivers always
         # match: check_topology has nothing to check here.
         w = graph.weights if args.local_view is None else local_view_matrix(
             graph, args.local_view)
+        _clock.synchronize(w != 0)
         return _mix(leaves, w, sim)
 
     def hierarchical_neighbor_allreduce(
@@ -154,6 +158,7 @@ class SimulatedBackend:
             raise TypeError(f"{args.what}: in jaxfog.simulate the machine weights come "
                             "from simulate(machine_topology=...), not per-rank dicts")
         sim = self.sim
+        _clock.synchronize()
         n, size_l = sim.size, sim.local_size
         w = np.kron(sim.machine_topology.weights, np.eye(size_l))  # machine m' -> m, same l
         outs = []
@@ -171,11 +176,16 @@ class SimulatedBackend:
         return outs
 
     def neighbor_allgather(self, leaves: list, args: _args.NeighborAllgather) -> list:
-        mine = jnp.asarray(_source_table(self.sim, args.src_ranks))[self.sim.rank]
+        table = _source_table(self.sim, args.src_ranks)
+        receives = np.zeros((self.sim.size,) * 2, bool)
+        receives[np.arange(self.sim.size)[:, None], table] = True
+        _clock.synchronize(receives)
+        mine = jnp.asarray(table)[self.sim.rank]
         return [_stack_blocks(jnp.take(lax.all_gather(x, self.sim.axis_name), mine, axis=0))
                 for x in leaves]
 
     def allreduce(self, leaves: list, args: _args.Allreduce) -> list:
+        _clock.synchronize()
         outs = []
         for x in leaves:
             if not args.mean and jnp.issubdtype(x.dtype, jnp.integer):
@@ -187,15 +197,18 @@ class SimulatedBackend:
         return outs
 
     def broadcast(self, leaves: list, args: _args.Broadcast) -> list:
+        _clock.synchronize()
         is_root = self.sim.rank == args.root
         return [lax.psum(jnp.where(is_root, x, jnp.zeros_like(x)), self.sim.axis_name)
                 for x in leaves]
 
     def allgather(self, leaves: list, args: _args.Allgather) -> list:
+        _clock.synchronize()
         return [_stack_blocks(lax.all_gather(x, self.sim.axis_name)) for x in leaves]
 
     def barrier(self) -> None:
-        """Simulated agents run in lockstep: nothing to wait for."""
+        """Simulated agents run in lockstep: only their clocks wait."""
+        _clock.synchronize()
 
     # One-sided windows: JAX references, immediate delivery (simulated_windows).
     def win_create(self, leaves: list, treedef: Any, args: _args.WinCreate) -> bool:

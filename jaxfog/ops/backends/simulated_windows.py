@@ -8,6 +8,14 @@ is trivially held. An agent's window state is
 * ``published``: its published value (the window's leaves);
 * ``slots``: one slot per rank (leading axis n; only the sources' are used);
 * ``versions`` (n,), and ``p``/``slot_p`` (the push-sum weights);
+* with message delays (``simulate(delays=...)``), the messages in flight to
+  it: a FIFO of ``queue`` entries per source (``inbox*``, ``head``,
+  ``tail``), delivered into the slots by the receiver's reads once its clock
+  passes their arrival time (a full FIFO delivers its oldest message early).
+
+Under ``delays`` only the agents that take the current step act
+(:func:`jaxfog.ops.backends.simulated_clock.active`): the others' puts are
+not sent and their window state does not change.
 
 kept in ``jax.Ref`` s, so that ops inside ``lax.scan``, ``fori_loop`` and
 ``jax.jit`` update them in place. A window outlives the simulated call that
@@ -26,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +45,7 @@ from jaxfog import _context
 from jaxfog import topology as T
 from jaxfog.ops import _args, _primitive
 from jaxfog.ops.backends import _numerics, _window_spec
+from jaxfog.ops.backends import simulated_clock as _clock
 
 
 @dataclasses.dataclass
@@ -105,6 +114,33 @@ def keep(session_specs: dict[str, _window_spec.WindowSpec], states: dict[str, di
         _kept[name] = _Window(session_specs[name], jax.tree.map(persistent, state))
 
 
+def values() -> dict[str, dict]:
+    """The state of every window this call sees (to carry through a loop)."""
+    return {name: _get(window) for name, window in _session("run").windows.items()}
+
+
+def store(states: dict[str, dict]) -> None:
+    """Writes ``states`` (from :func:`values`) back into the windows."""
+    for name, state in states.items():
+        _set(_session("run").windows[name], state)
+
+
+@contextlib.contextmanager
+def local_refs(states: dict[str, dict]) -> Iterator[Callable[[], dict[str, dict]]]:
+    """Inside a loop body: the windows hold ``states`` in boxes
+    (:class:`~jaxfog.ops.backends.simulated_clock.Box`); yields a function
+    that reads them back."""
+    windows = _session("run").windows
+    outer = {name: windows[name].refs for name in states}
+    for name, state in states.items():
+        windows[name].refs = jax.tree.map(_clock.Box, state)
+    try:
+        yield lambda: {name: _get(windows[name]) for name in states}
+    finally:
+        for name, refs in outer.items():
+            windows[name].refs = refs
+
+
 def _session(what: str) -> _Session:
     if not _sessions.stack:
         raise RuntimeError(f"{what}: windows in the simulation need jaxfog.simulate")
@@ -161,6 +197,14 @@ def win_create(sim: _context.Simulation, leaves: list, treedef: Any,
         "p": jnp.ones((), _weight_dtype()),
         "slot_p": jnp.where(has, fill, 0.0).astype(_weight_dtype()),
     }
+    if _clock.has_message_delays():
+        q = _clock.timing().queue
+        state.update(
+            inbox=[jnp.zeros((q, n, *leaf.shape), leaf.dtype) for leaf in leaves],
+            inbox_p=jnp.zeros((q, n), _weight_dtype()),
+            inbox_time=jnp.full((q, n), jnp.inf, _weight_dtype()),
+            inbox_add=jnp.zeros((q, n), bool),
+            head=jnp.zeros(n, jnp.int32), tail=jnp.zeros(n, jnp.int32))
     session.windows[args.name] = _Window(spec, jax.tree.map(jax.new_ref, state))
     session.created.add(args.name)
     return True
@@ -205,6 +249,86 @@ def _offsets(static_mask: np.ndarray | None, n: int) -> list[int]:
     return [o for o in range(1, n) if static_mask[rows, (rows + o) % n].any()]
 
 
+def _deliver(state: dict, s: Any, values: list, p: Any, add: Any, ok: Any) -> dict:
+    """Message ``values`` (weight ``p``) from source ``s`` lands in the slots
+    where ``ok``: a put overwrites the slot and counts a version, an
+    accumulate (``add``) adds."""
+    slots, slot_p = list(state["slots"]), state["slot_p"]
+    for l, value in enumerate(values):
+        old = slots[l][s]
+        slots[l] = slots[l].at[s].set(jnp.where(ok, jnp.where(add, old + value, value), old))
+    slot_p = slot_p.at[s].set(jnp.where(ok, jnp.where(add, slot_p[s] + p, p), slot_p[s]))
+    versions = state["versions"].at[s].add((ok & ~jnp.asarray(add)).astype(jnp.int32))
+    return {**state, "slots": slots, "slot_p": slot_p.astype(state["slot_p"].dtype),
+            "versions": versions}
+
+
+def _deliver_oldest(state: dict, due: Any) -> dict:
+    """Delivers the oldest message in flight from each source where ``due`` (n,)."""
+    q, n = state["inbox_time"].shape
+    at, sources = state["head"] % q, jnp.arange(n)
+    add = state["inbox_add"][at, sources]
+    slots = []
+    for slot, box in zip(state["slots"], state["inbox"]):
+        shape = (-1,) + (1,) * (slot.ndim - 1)
+        message = box[at, sources]
+        slots.append(jnp.where(due.reshape(shape), jnp.where(
+            add.reshape(shape), slot + message, message), slot))
+    p = state["inbox_p"][at, sources]
+    slot_p = jnp.where(due, jnp.where(add, state["slot_p"] + p, p), state["slot_p"])
+    return {**state, "slots": slots, "slot_p": slot_p.astype(state["slot_p"].dtype),
+            "versions": state["versions"] + (due & ~add).astype(jnp.int32),
+            "head": state["head"] + due.astype(jnp.int32),
+            "inbox_time": state["inbox_time"].at[at, sources].set(
+                jnp.where(due, jnp.inf, state["inbox_time"][at, sources]))}
+
+
+def _deliver_due(state: dict) -> dict:
+    """Delivers every message in flight that has arrived by this agent's clock."""
+    if "inbox" not in state:
+        return state
+    q, n = state["inbox_time"].shape
+    t = _clock.now()
+
+    def one(_, state):
+        at = state["head"] % q
+        due = (state["head"] < state["tail"]) & (state["inbox_time"][at, jnp.arange(n)] <= t)
+        return _deliver_oldest(state, due)
+
+    return lax.fori_loop(0, q, one, state)
+
+
+def _enqueue(state: dict, s: Any, values: list, p: Any, when: Any, add: bool, ok: Any) -> dict:
+    """Message from source ``s`` in flight until ``when`` (where ``ok``)."""
+    q, n = state["inbox_time"].shape
+    full = ok & (state["tail"][s] - state["head"][s] >= q)
+    state = _deliver_oldest(state, (jnp.arange(n) == s) & full)
+    at = state["tail"][s] % q
+    inbox = [box.at[at, s].set(jnp.where(ok, value, box[at, s]))
+             for box, value in zip(state["inbox"], values)]
+    return {**state, "inbox": inbox,
+            "inbox_p": state["inbox_p"].at[at, s].set(jnp.where(ok, p, state["inbox_p"][at, s])),
+            "inbox_time": state["inbox_time"].at[at, s].set(
+                jnp.where(ok, when, state["inbox_time"][at, s])),
+            "inbox_add": state["inbox_add"].at[at, s].set(
+                jnp.where(ok, add, state["inbox_add"][at, s])),
+            "tail": state["tail"].at[s].add(ok.astype(jnp.int32))}
+
+
+def _check_delays(state: dict, name: str, what: str) -> None:
+    if _clock.has_message_delays() and "inbox" not in state:
+        raise ValueError(f"{what}: window {name!r} was created without message delays; "
+                         "create it in the simulation that has them")
+
+
+def _keep_inactive(old: dict, new: dict) -> dict:
+    """The new window state where this agent acts, the old one elsewhere."""
+    go = _clock.active()
+    if go is True:
+        return new
+    return jax.tree.map(lambda a, b: jnp.where(go, b, a), old, new)
+
+
 def win_put(sim: _context.Simulation, leaves: list, treedef: Any,
             args: _args.WinPut) -> list:
     window = _lookup(args.name, args.what)
@@ -220,29 +344,26 @@ def win_put(sim: _context.Simulation, leaves: list, treedef: Any,
         senders, receivers = np.nonzero(static)
         spec.check_sources(receivers, senders, args.what)
     self_weight = 1.0 if args.self_weight is None else args.self_weight
-    state = _get(window)
-    slots, versions, slot_p = list(state["slots"]), state["versions"], state["slot_p"]
+    old = _get(window)
+    _check_delays(old, args.name, args.what)
+    state, go = old, _clock.active()
     for o in _offsets(static, n):
         k = (i + o) % n  # my destination at this offset
         perm = [(s, (s + o) % n) for s in range(n)]
-        flag = lax.ppermute(mask[k], sim.axis_name, perm)
+        flag = lax.ppermute(mask[k] & go, sim.axis_name, perm)
         w = weights[k]
         sent = [lax.ppermute(_numerics.scaled(leaf, w), sim.axis_name, perm) for leaf in leaves]
-        sent_p = lax.ppermute(w * state["p"], sim.axis_name, perm)
+        sent_p = lax.ppermute(w * old["p"], sim.axis_name, perm)
         s = (i - o) % n  # the sender whose message I receive
         ok = flag & _row(spec.sources, sim)[s]
-        for l, value in enumerate(sent):
-            old = slots[l][s]
-            new = old + jnp.where(ok, value, jnp.zeros_like(value)) if args.accumulate else (
-                jnp.where(ok, value, old))
-            slots[l] = slots[l].at[s].set(new)
-        slot_p = slot_p.at[s].set(slot_p[s] + jnp.where(ok, sent_p, 0.0) if args.accumulate
-                                  else jnp.where(ok, sent_p, slot_p[s]))
-        if not args.accumulate:
-            versions = versions.at[s].add(ok.astype(versions.dtype))
-    _set(window, {"published": list(leaves), "slots": slots, "versions": versions,
-                  "p": (self_weight * state["p"]).astype(state["p"].dtype),
-                  "slot_p": slot_p.astype(state["slot_p"].dtype)})
+        if "inbox" in state:
+            when = lax.ppermute(_clock.arrival(k), sim.axis_name, perm)
+            state = _enqueue(state, s, sent, sent_p, when, args.accumulate, ok)
+        else:
+            state = _deliver(state, s, sent, sent_p, args.accumulate, ok)
+    p = jnp.where(go, self_weight * old["p"], old["p"]).astype(old["p"].dtype)
+    published = [jnp.where(go, leaf, mine) for leaf, mine in zip(leaves, old["published"])]
+    _set(window, {**state, "published": published, "p": p})
     return [_numerics.scaled(leaf, self_weight) for leaf in leaves]
 
 
@@ -255,11 +376,12 @@ def win_get(sim: _context.Simulation, args: _args.WinGet) -> bool:
         receivers, senders = np.nonzero(static)
         spec.check_sources(receivers, senders, args.what)
     state = _get(window)
+    _check_delays(state, args.name, args.what)
     slots, versions, slot_p = list(state["slots"]), state["versions"], state["slot_p"]
     for o in _offsets(static, n):
         j = (i + o) % n  # the source I read at this offset
         perm = [(s, (s - o) % n) for s in range(n)]
-        ok = mask[j] & _row(spec.sources, sim)[j]
+        ok = mask[j] & _row(spec.sources, sim)[j] & _clock.active()
         w = weights[j]
         for l, leaf in enumerate(state["published"]):
             value = _numerics.scaled(lax.ppermute(leaf, sim.axis_name, perm), w)
@@ -292,6 +414,8 @@ def win_update(sim: _context.Simulation, leaves: list, treedef: Any,
     mask = mask & sources
     weights = jnp.where(mask, weights, 0.0)
     state = _get(window)
+    _check_delays(state, args.name, args.what)
+    state = _deliver_due(state)
     out, slots = [], []
     for leaf, slot in zip(leaves, state["slots"]):
         with _numerics.accumulating(leaf.dtype) as acc:
@@ -304,15 +428,31 @@ def win_update(sim: _context.Simulation, leaves: list, treedef: Any,
         slots.append(slot)
     p = self_weight * state["p"] + jnp.dot(weights.astype(state["p"].dtype), state["slot_p"])
     slot_p = jnp.where(mask, 0.0, state["slot_p"]) if args.reset else state["slot_p"]
-    _set(window, {"published": out, "slots": slots,
-                  "versions": jnp.where(mask, 0, state["versions"]),
-                  "p": p.astype(state["p"].dtype), "slot_p": slot_p.astype(state["p"].dtype)})
+    _set(window, _keep_inactive(state, {
+        **state, "published": out, "slots": slots,
+        "versions": jnp.where(mask, 0, state["versions"]),
+        "p": p.astype(state["p"].dtype), "slot_p": slot_p.astype(state["p"].dtype)}))
     return out
 
 
 def win_version(name: str) -> dict[int, Any]:
-    versions = _get(_lookup(name, "win_version"))["versions"]
+    window = _lookup(name, "win_version")
+    state = _get(window)
+    if "inbox" in state:
+        state = _deliver_due(state)
+        _set(window, state)
+    versions = state["versions"]
     return {j: versions[j] for j in range(versions.shape[0])}
+
+
+def next_arrival() -> Any:
+    """When the next message in flight to this agent arrives after its clock
+    (inf: none; the ones due already are delivered by its next read)."""
+    now = _clock.now()
+    times = [jnp.min(jnp.where(window.refs["inbox_time"][...] > now,
+                               window.refs["inbox_time"][...], jnp.inf))
+             for window in _session("run").windows.values() if "inbox_time" in window.refs]
+    return jnp.min(jnp.stack(times)) if times else jnp.inf
 
 
 def win_weight(name: str) -> Any:
@@ -364,7 +504,5 @@ def pair_average(name: str, peer: Any) -> None:
 
 
 def active() -> Any:
-    """Whether this agent steps now: always, unless the simulation has
-    :class:`jaxfog.Delays` (then the agents whose step ends now)."""
-    clock = getattr(_context.current(), "clock", None)
-    return True if clock is None else clock.active
+    """Whether this agent takes the current step (see ``simulated_clock``)."""
+    return _clock.active()
