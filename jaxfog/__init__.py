@@ -35,7 +35,7 @@ __version__ = "0.1.0"
 # Names that need JAX, imported on first use so that `import jaxfog` (and the
 # `jaxfog run` launcher) stays light.
 _OPS = ("allgather", "allreduce", "barrier", "broadcast", "hierarchical_neighbor_allreduce",
-        "neighbor_allgather", "neighbor_allreduce")
+        "neighbor_allgather", "neighbor_allreduce", "pair_gossip")
 _WINDOW_OPS = ("win_accumulate", "win_create", "win_free", "win_get", "win_mutex", "win_put",
                "win_update", "win_update_then_collect", "win_version", "win_weight")
 _LAZY = {"ops": "jaxfog.ops", "simulate": "jaxfog.sim", "Agents": "jaxfog.sim",

@@ -117,3 +117,32 @@ def test_hop_keeps_its_staleness_bound_and_backups_survive_a_stopped_rank():
         assert int(state.iteration) >= 30
     jf.barrier()
     trainer.free()
+
+
+@mpi_test(nprocs=(2, 4, 5), timeout=180)
+def test_pair_gossip_averages_pairs_like_the_simulation():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog as jf
+    import jaxfog.asynchrony as jfa
+
+    jax.config.update("jax_enable_x64", True)
+    jf.init()
+    r, n = jf.rank(), jf.size()
+    values = [{"a": np.arange(3.0) + 10 * q, "b": np.full((2, 2), -q, np.float32)}
+              for q in range(n)]
+    step = jf.jit(jf.pair_gossip, static_argnums=1)
+    for k, pairs in enumerate([[q ^ 1 for q in range(n)], [(-q - 1) % n for q in range(n)]]):
+        pairs = [p if p < n and pairs[p] == q else q for q, p in enumerate(pairs)]
+        got = step(jax.tree.map(jnp.asarray, values[r]), pairs[r])
+        expected = jax.tree.map(lambda a, b: (a + b) / 2, values[r], values[pairs[r]])
+        jax.tree.map(lambda g, e: np.testing.assert_allclose(g, e, rtol=1e-7), got, expected)
+        simulated = jax.jit(jf.simulate(lambda x: jf.pair_gossip(x, jnp.asarray(pairs)[
+            jf.rank()]), n))(jax.tree.map(lambda *v: jnp.stack(v), *values))
+        jax.tree.map(lambda g, s: np.testing.assert_array_equal(g, s[r]), got, simulated)
+    # AD-PSGD's pairs from pick(): same draw on both backends.
+    mate = jfa.pick(0, r, 0, n)
+    assert 0 <= mate < n
+    jf.barrier()

@@ -183,3 +183,17 @@ def test_bad_delays():
         jf.simulate(lambda x: x, T.ring(4), delays=jf.Delays(jitter=1.0))
     with pytest.raises(TypeError, match="Delays"):
         jf.simulate(lambda x: x, T.ring(4), delays=2.0)
+
+
+def test_pair_gossip_with_traced_peers():
+    x0 = jnp.arange(6.0)[:, None] * jnp.ones((6, 3))
+    out = jax.jit(jf.simulate(lambda x: jf.pair_gossip(x, jf.rank() ^ 1), 6))(x0)
+    expected = np.asarray(x0)[np.arange(6) ^ 1]
+    np.testing.assert_allclose(out, (np.asarray(x0) + expected) / 2)
+    # 0 and 1 name 2, who pairs with 3: NaN for them rather than a wrong number.
+    bad = np.asarray(jax.jit(jf.simulate(lambda x: jf.pair_gossip(x, jnp.asarray(
+        [2, 2, 3, 2])[jf.rank()]), 4))(x0[:4]))
+    assert np.isnan(bad[:2]).all()
+    np.testing.assert_allclose(bad[2:], np.broadcast_to((x0[2] + x0[3]) / 2, (2, 3)))
+    with pytest.raises(ValueError, match="not a rank"):
+        jf.simulate(lambda x: jf.pair_gossip(x, 9), 4)(x0[:4])

@@ -186,6 +186,24 @@ def allgather(*, name: str | None) -> Allgather:
     return Allgather(_what("allgather", name))
 
 
+class PairGossip(NamedTuple):
+    peer: Any  # a rank (int), or a traced one on simulated agents
+    what: str
+
+
+def pair_gossip(peer: Any, *, name: str | None) -> PairGossip:
+    what = _what("pair_gossip", name)
+    size = runtime.size()
+    if isinstance(peer, (bool, np.bool_)) or not (
+            isinstance(peer, (int, np.integer)) or (
+                hasattr(peer, "dtype") and np.ndim(peer) == 0
+                and np.issubdtype(peer.dtype, np.integer))):
+        raise TypeError(f"{what}: peer must be a rank (an integer), got {peer!r}")
+    if isinstance(peer, (int, np.integer)) and not 0 <= peer < size:
+        raise ValueError(f"{what}: peer {peer} is not a rank of {size}")
+    return PairGossip(peer, what)
+
+
 
 # --- one-sided windows --------------------------------------------------------
 

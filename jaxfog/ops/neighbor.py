@@ -116,3 +116,27 @@ def neighbor_allgather(x: Any, *, src_ranks: Sequence[int] | None = None,
     """
     args = _args.neighbor_allgather(src_ranks=src_ranks, dst_ranks=dst_ranks, name=name)
     return backends.apply("neighbor_allgather", x, args)
+
+
+def pair_gossip(x: Any, peer: Any, *, name: str | None = None) -> Any:
+    r"""Pairwise averaging: :math:`x_i = x_j = \tfrac12 (x_i + x_j)` with ``peer`` j.
+
+    The synchronous two-sided form of AD-PSGD's gossip (Lian et al. 2018):
+    every rank calls it at once and the ranks pair up, each naming the other
+    (``peer`` of ``peer`` is this rank); a rank that names itself keeps its
+    value. On MPI processes ``peer`` is a Python int (static under
+    ``jaxfog.jit``) and the op is a push-pull ``neighbor_allreduce`` with
+    that one rank; on simulated agents it may be traced (e.g. drawn from the
+    agent's rank and the step), and an agent whose peer does not name it back
+    gets NaN, not a wrong number.
+
+    Args:
+      x: an array or a pytree of arrays (one message).
+      peer: the rank to average with.
+      name: a name for error messages.
+
+    Returns:
+      The pair's mean, with ``x``'s structure.
+    """
+    args = _args.pair_gossip(peer, name=name)
+    return backends.apply("pair_gossip", x, args)

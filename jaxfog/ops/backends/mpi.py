@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from jaxfog import ffi, runtime
 from jaxfog import topology as T
@@ -39,6 +40,17 @@ class MpiBackend:
         if args.check_topology:
             _plan.check_matching(plan, runtime.communicator(), rank, args.what)
         return _mix(leaves, plan, args.step, runtime.WORLD_COMM_ID)
+
+    def pair_gossip(self, leaves: list, args: _args.PairGossip) -> list:
+        if not isinstance(args.peer, (int, np.integer)):
+            raise TypeError(f"{args.what}: on MPI processes the peer must be a Python int "
+                            "(a static argument of jaxfog.jit), not a traced value")
+        peer = int(args.peer)
+        alone = peer == runtime.rank()  # still an op: every rank counts its ops alike
+        return self.neighbor_allreduce(leaves, _args.neighbor_allreduce(
+            self_weight=1.0 if alone else 0.5, src_weights={} if alone else {peer: 0.5},
+            dst_weights=[] if alone else [peer], topology=None, step=None,
+            check_topology=False, name=args.what))
 
     def hierarchical_neighbor_allreduce(
             self, leaves: list, args: _args.HierarchicalNeighborAllreduce) -> list:

@@ -150,6 +150,24 @@ class SimulatedBackend:
         _clock.synchronize(w != 0)
         return _mix(leaves, w, sim)
 
+    def pair_gossip(self, leaves: list, args: _args.PairGossip) -> list:
+        """Every agent reads its peer's value (a gather: the peers may be
+        traced); a pair that does not name each other gets NaN."""
+        sim = self.sim
+        _clock.synchronize()
+        peer = jnp.asarray(args.peer, jnp.int32)
+        peers = lax.all_gather(peer, sim.axis_name)
+        paired = (peer >= 0) & (peer < sim.size) & (peers[jnp.clip(peer, 0, sim.size - 1)]
+                                                    == sim.rank)
+        outs = []
+        for x in leaves:
+            with _numerics.accumulating(x.dtype) as acc:
+                theirs = lax.all_gather(x, sim.axis_name)[jnp.clip(peer, 0, sim.size - 1)]
+                mean = _numerics.finish((x.astype(acc) + theirs.astype(acc)) / 2, x.dtype)
+            bad = jnp.asarray(jnp.nan if jnp.issubdtype(x.dtype, jnp.inexact) else 0, x.dtype)
+            outs.append(jnp.where(paired, mean, bad))
+        return outs
+
     def hierarchical_neighbor_allreduce(
             self, leaves: list, args: _args.HierarchicalNeighborAllreduce) -> list:
         """Machine means (ppermutes inside each machine), then the machine
