@@ -482,9 +482,11 @@ def now() -> Any:
 
 
 def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
-        poll: float = 1e-4, callback: Callable[[Any], None] | None = None) -> Any:
+        until: float | None = None, poll: float = 1e-4,
+        callback: Callable[[Any], None] | None = None) -> Any:
     """This agent's iterations until its counter reaches ``iterations`` (Hop's
-    skips move it forward).
+    skips move it forward), or, for an asynchronous trainer, until its clock
+    (:func:`now`) reaches ``until``: it starts no step after that.
 
     On MPI it waits for ``trainer.ready`` before each step, polling every
     ``poll`` seconds, and raises ``TimeoutError`` after ``JAXFOG_TIMEOUT`` (a
@@ -498,15 +500,21 @@ def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
     tick. It ends when every agent is done, or when none can go on (a
     deadlock, e.g. Hop with a stopped neighbour: the counters say so).
     """
+    if until is not None and not trainer.asynchronous:
+        raise ValueError("run: until= needs an asynchronous trainer (the agents of a "
+                         "synchronous one must run the same number of steps)")
+    until = np.inf if until is None else until  # traced on simulated agents, or not
     if _simulated():
         if callback is not None:
             raise TypeError("run: callback runs on MPI only; on simulated agents call run "
                             "in chunks of iterations")
-        return _run_simulated(trainer, state, grad_fn, iterations)
-    limit = runtime.timeout()
-    while int(state.iteration) < iterations:
+        return _run_simulated(trainer, state, grad_fn, iterations, until)
+    limit, until = runtime.timeout(), float(until)
+    while int(state.iteration) < iterations and now() < until:
         start = time.monotonic()
         while not trainer.ready(state):
+            if now() >= until:
+                return state
             if limit and time.monotonic() - start > limit:
                 raise TimeoutError(f"rank {runtime.rank()}: not ready for iteration "
                                    f"{int(state.iteration)} after {limit:.0f} s "
@@ -518,14 +526,15 @@ def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
     return state
 
 
-def _run_simulated(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int) -> Any:
+def _run_simulated(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int,
+                   until: float) -> Any:
     axis = _context.current().axis_name
     timed = sc.timing() is not None
     event_driven = timed and trainer.asynchronous
 
     def tick(carry):
         state, _ = carry
-        todo = state.iteration < iterations
+        todo = (state.iteration < iterations) & (sc.now() < until)
         ready = todo & trainer.ready(state)
         if event_driven:
             # The next event: the first step to end, or a message reaching an
@@ -556,7 +565,7 @@ def _run_simulated(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: in
 
     def more(carry):
         state, t = carry[:2]
-        return lax.pmax(state.iteration < iterations, axis) & (t < jnp.inf)
+        return lax.pmax(state.iteration < iterations, axis) & (t < jnp.inf)  # t: last tick
 
     session = sc.current()
     clock = None if session.now is None else session.now[...]

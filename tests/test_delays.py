@@ -197,3 +197,23 @@ def test_pair_gossip_with_traced_peers():
     np.testing.assert_allclose(bad[2:], np.broadcast_to((x0[2] + x0[3]) / 2, (2, 3)))
     with pytest.raises(ValueError, match="not a rank"):
         jf.simulate(lambda x: jf.pair_gossip(x, 9), 4)(x0[:4])
+
+
+def test_run_until_a_simulated_time_in_chunks():
+    topo = T.exponential(N)
+    trainer = jfa.push_sum(optax.sgd(0.1))
+    x0 = jnp.asarray(np.random.default_rng(6).standard_normal((N, 3)))
+    grad_fn = lambda p, k: p  # noqa: E731
+    init = jf.simulate(trainer.init, topo)
+    step = jax.jit(jf.simulate(lambda s, t: (jfa.run(trainer, s, grad_fn, 10**6, until=t),
+                                             jfa.now()), topo,
+                               delays=jf.Delays.straggler(N, 4.0), in_axes=(0, None)))
+    state = init(x0)
+    for until in (10.0, 20.0):
+        state, now = step(state, until)
+        # Steps of 1 s (4 s for agent 0) start while the clock is below `until`.
+        np.testing.assert_allclose(now, [4 * np.ceil(until / 4)] + [until] * 3)
+        np.testing.assert_array_equal(state.iteration, [np.ceil(until / 4)] + [until] * 3)
+    jf.simulate(lambda v: (jf.win_free(), v)[1], topo)(x0)
+    with pytest.raises(ValueError, match="asynchronous"):
+        jfa.run(jfa.from_optax(optax.sgd(0.1)), None, grad_fn, 3, until=1.0)
