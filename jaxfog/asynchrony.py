@@ -157,13 +157,14 @@ def _graph(topology: T.Topology | None, what: str) -> T.Topology:
     return graph
 
 
-def _mix32(x):
-    """A 32-bit integer hash (the same in numpy and jax.numpy; wraps on overflow)."""
-    x = x ^ (x >> 16)
-    x = x * 0x7FEB352D
-    x = x ^ (x >> 15)
-    x = x * 0x846CA68B
-    return x ^ (x >> 16)
+def _mix32(x, u32=np.uint32):
+    """A 32-bit integer hash (the same in numpy and jax.numpy, ``u32`` the
+    matching uint32 type; wraps on overflow)."""
+    x = x ^ (x >> u32(16))
+    x = x * u32(0x7FEB352D)
+    x = x ^ (x >> u32(15))
+    x = x * u32(0x846CA68B)
+    return x ^ (x >> u32(16))
 
 
 def pick(seed: int, rank: Any, iteration: Any, count: Any) -> Any:
@@ -177,8 +178,8 @@ def pick(seed: int, rank: Any, iteration: Any, count: Any) -> Any:
     u32 = jnp.uint32
     x = u32(seed) * u32(0x9E3779B1) ^ _mix32(
         jnp.asarray(rank).astype(u32) * u32(0x85EBCA77) ^ _mix32(
-            jnp.asarray(iteration).astype(u32)))
-    return (_mix32(x) % jnp.asarray(count).astype(u32)).astype(jnp.int32)
+            jnp.asarray(iteration).astype(u32), u32), u32)
+    return (_mix32(x, u32) % jnp.asarray(count).astype(u32)).astype(jnp.int32)
 
 
 def _neighbors(graph: T.Topology) -> tuple[np.ndarray, np.ndarray]:

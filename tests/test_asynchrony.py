@@ -132,9 +132,11 @@ def test_adpsgd_pair_averages_conserve_the_sum():
     np.testing.assert_allclose(x, np.broadcast_to(np.asarray(x0).mean(0), x.shape), atol=1e-8)
 
 
-def test_pick_is_the_same_in_numpy_and_jax():
-    got = jax.jit(jax.vmap(lambda r, k: jfa.pick(7, r, k, 3)))(
-        jnp.arange(50) % 5, jnp.arange(50))
+@pytest.mark.parametrize("x64", [True, False])
+def test_pick_is_the_same_in_numpy_and_jax(x64):
+    with jax.enable_x64(x64):
+        got = jax.jit(jax.vmap(lambda r, k: jfa.pick(7, r, k, 3)))(
+            jnp.arange(50) % 5, jnp.arange(50))
     assert [int(v) for v in got] == [jfa.pick(7, r % 5, r, 3) for r in range(50)]
     assert set(int(v) for v in got) == {0, 1, 2}
 

@@ -217,3 +217,17 @@ def test_run_until_a_simulated_time_in_chunks():
     jf.simulate(lambda v: (jf.win_free(), v)[1], topo)(x0)
     with pytest.raises(ValueError, match="asynchronous"):
         jfa.run(jfa.from_optax(optax.sgd(0.1)), None, grad_fn, 3, until=1.0)
+
+
+def test_hop_in_a_loop_without_x64():
+    # Hop's integer counters are averaged in float64 even with x64 off, also
+    # inside the run loop (a dot there once came out float32).
+    trainer = jfa.hop(optax.sgd(0.1), staleness=2, backups=1)
+    topo = T.exponential(N)
+    with jax.enable_x64(False):
+        x = jnp.ones((N, 2), jnp.float32)
+        out = jax.jit(jf.simulate(lambda v: jfa.run(trainer, trainer.init(v), lambda p, k: p,
+                                                    3).iteration, topo,
+                                  delays=jf.Delays.straggler(N, 2.0, message=0.5)))(x)
+        jf.simulate(lambda v: (jf.win_free(), v)[1], topo)(x)
+    assert (np.asarray(out) >= 3).all()

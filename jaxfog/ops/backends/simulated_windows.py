@@ -419,8 +419,11 @@ def win_update(sim: _context.Simulation, leaves: list, treedef: Any,
     out, slots = [], []
     for leaf, slot in zip(leaves, state["slots"]):
         with _numerics.accumulating(leaf.dtype) as acc:
-            total = jnp.asarray(self_weight).astype(acc) * leaf.astype(acc) + jnp.tensordot(
-                weights.astype(acc), slot.astype(acc), axes=1)
+            w = weights.astype(acc)
+            # Not a dot for integers: inside a loop body, dot would drop float64.
+            mixed = (jnp.tensordot(w, slot.astype(acc), axes=1) if acc == leaf.dtype else
+                     jnp.sum(w.reshape((-1,) + (1,) * leaf.ndim) * slot.astype(acc), axis=0))
+            total = jnp.asarray(self_weight).astype(acc) * leaf.astype(acc) + mixed
             out.append(_numerics.finish(total, leaf.dtype))
         if args.reset:
             keep = (~mask).reshape((-1,) + (1,) * leaf.ndim)
