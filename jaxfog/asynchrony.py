@@ -31,10 +31,15 @@ The trainers:
   agent jumps its counter to its neighbours').
 
 Every trainer runs on MPI processes (``jaxfog run``) and on simulated agents
-(:func:`jaxfog.simulate`, where the agents step together: the zero-delay
-case). ``trainer.ready(state)`` says whether an agent may
+(:func:`jaxfog.simulate`). ``trainer.ready(state)`` says whether an agent may
 start its next iteration (always for all but Hop); :func:`run` is the loop
-that waits for it on MPI.
+that waits for it, the same code on both. On simulated agents without delays
+the ready agents step together (each tick); with
+``simulate(..., delays=jaxfog.Delays(...))`` they run in simulated time: the
+agents whose steps end first go first, puts arrive after their delay, Hop's
+waits last until the message that lifts them, and :func:`now` is an agent's
+clock. Equal speeds and no message delays reproduce the synchronous
+iterates; a seed fixes a run.
 
 References:
   Lian, Zhang, Zhang, Liu. *Asynchronous Decentralized Parallel Stochastic
@@ -438,35 +443,39 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
         total = self_w + row.sum()
         return self_w / total, row / total
 
-    def local(state, seen, self_w, row, grad_fn):
-        x = W.win_update(state.sent, models, self_weight=self_w, src_weights=row)
+    def combine(sent, fresh):
+        """The fresh in-neighbours' models mixed with this agent's."""
+        self_w, row = weights(fresh)
+        if _simulated():  # one update with traced weights
+            return W.win_update(sent, models, self_weight=self_w, src_weights=row)
+        # MPI weights are static: read each in-neighbour's slot alone (one
+        # compiled step for every set of fresh neighbours) and mix here.
+        x = jax.tree.map(lambda v: v * self_w.astype(v.dtype), sent)
+        for j in np.flatnonzero(held["ins"][runtime.rank()]):
+            y = W.win_update(_zeros(sent), models, self_weight=0.0, src_weights={int(j): 1.0})
+            x = jax.tree.map(lambda a, b: a + b * row[j].astype(b.dtype), x, y)
+        return x
+
+    def local(state, grad_fn):
+        seen = read_counters()
+        x = combine(state.sent, admissible(seen, state.iteration)[1])
         grads = grad_fn(x, state.iteration)
         u, opt_state = inner.update(grads, state.opt_state, x)
         y = optax.apply_updates(x, u)
         k = state.iteration + 1
         if skip:
-            k = jnp.maximum(k, jnp.max(jnp.where(jf_optax._rank_row(held["ins"]), seen, 0)).astype(k.dtype))
+            newest = jnp.max(jnp.where(jf_optax._rank_row(held["ins"]), seen, 0))
+            k = jnp.maximum(k, newest.astype(k.dtype))
         W.win_put(y, models)
         W.win_put(jnp.zeros(held["n"], jnp.int32).at[runtime.rank()].set(k), counters)
         return HopState(x, y, opt_state, k, seen.astype(jnp.int32))
 
     def step(state, grad_fn):
         if _simulated():
-            seen = read_counters()
-            _, fresh = admissible(seen, state.iteration)
-            self_w, row = weights(fresh)
-            return local(state, seen, self_w, row, grad_fn)
-        if "seen" not in compiled:
-            compiled.update(seen=jit(read_counters), local=jit(
-                lambda state, seen, self_w, row, grad_fn: local(
-                    state, seen, self_w, dict(row), grad_fn), static_argnums=(2, 3, 4)))
-        seen = np.asarray(compiled["seen"]())
-        k = int(state.iteration)
-        fresh = held["ins"][runtime.rank()] & (seen >= k)
-        self_w, row = weights(fresh)
-        row = np.asarray(row)
-        src = tuple((int(j), float(row[j])) for j in np.flatnonzero(row))
-        return compiled["local"](state, seen, float(self_w), src, grad_fn)
+            return local(state, grad_fn)
+        if "local" not in compiled:
+            compiled["local"] = jit(local, static_argnums=1)
+        return compiled["local"](state, grad_fn)
 
     def free():
         compiled.clear()

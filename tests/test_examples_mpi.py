@@ -59,3 +59,25 @@ def test_async_consensus_reaches_the_average_with_a_slow_rank():
     assert result["rounds"] < 200
     np.testing.assert_allclose(result["mass"][-1], jf.size(), rtol=1e-12)  # sum of p
     np.testing.assert_allclose(result["mass"][:-1], result["initial"], rtol=1e-12)
+
+
+@mpi_test(nprocs=(4,), timeout=300)
+def test_straggler():
+    import os
+    import tempfile
+
+    import jaxfog as jf
+
+    out = os.path.join(tempfile.gettempdir(), f"jaxfog_straggler_{os.getppid()}.png")
+    rows = _example("straggler").main(["--straggler", "4", "--iterations", "30", "--every",
+                                       "5", "--emulated-ms", "5", "--out", out,
+                                       "--no-progress"])
+    assert set(rows) == {"atc", "allreduce", "push-sum", "ad-psgd", "hop s=2 b=1"}
+    for method, row in rows.items():
+        assert row["final"] > 20, (method, row["final"])  # it trained (10 classes)
+    # Without waiting, push-sum's fast ranks step several times per straggler step.
+    push = rows["push-sum"]
+    assert push["straggler_iterations"] < 0.8 * push["iterations_per_s"] * push["wall_time"]
+    if jf.rank() == 0:
+        assert os.path.getsize(out) > 0
+        os.remove(out)

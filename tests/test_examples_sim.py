@@ -60,3 +60,19 @@ def test_async_consensus_simulated():
     assert (result["final"] < 1e-10).all()
     np.testing.assert_allclose(result["mass"][-1], 5, rtol=1e-12)
     np.testing.assert_allclose(result["mass"][:-1], result["initial"], rtol=1e-12)
+
+
+def test_straggler_simulated(tmp_path, capsys):
+    out = tmp_path / "straggler.png"
+    rows = _example("straggler").main(["--straggler", "4", "--iterations", "40",
+                                       "--every", "10", "--emulated-ms", "20",
+                                       "--out", str(out), "--no-progress"])
+    assert "simulated agents" in capsys.readouterr().out and out.stat().st_size > 0
+    # In simulated time the fast agents of the asynchronous methods do not
+    # wait for the 5x slower straggler (push-sum, AD-PSGD), or wait less (Hop).
+    sync = rows["atc"]["iterations_per_s"]
+    assert rows["allreduce"]["iterations_per_s"] < 1.1 * sync
+    assert rows["push-sum"]["iterations_per_s"] > 4 * sync
+    assert rows["ad-psgd"]["iterations_per_s"] > 4 * sync
+    assert rows["hop s=2 b=1"]["iterations_per_s"] > 1.5 * sync
+    assert rows["atc"]["final"] > 60 and rows["push-sum"]["final"] > 60
