@@ -53,6 +53,7 @@ N = 4
 SYNCHRONOUS = ("atc", "allreduce")
 METHODS = ("atc", "allreduce", "push-sum", "ad-psgd", "hop s=2 b=1")
 BATCH = 128
+WARMUP = 20  # untimed steps first: every method's compilation happens there
 
 
 class Problem(NamedTuple):
@@ -136,17 +137,20 @@ Record = tuple[np.ndarray, np.ndarray, np.ndarray]  # times, iterations, models
 
 
 def train_mpi(problem: Problem, method: str, grad_fn: Callable, *, pause: float,
-              iterations: int, budget: float | None, every: int,
+              iterations: int, budget: float | None, every: int, warmup: int = WARMUP,
               progress: Callable[[float], None] | None = None) -> Record:
-    """One method on this MPI process: a synchronous one for ``iterations``
-    steps, an asynchronous one for ``budget`` seconds; sleeps ``pause`` after
-    each step; records its model every ``every`` steps."""
+    """One method on this MPI process: ``warmup`` untimed steps (compilation),
+    then a synchronous one for ``iterations`` steps, an asynchronous one for
+    ``budget`` seconds; sleeps ``pause`` after each step; records its model
+    every ``every`` steps."""
     topology = jf.load_topology()
     train = trainer(method, problem, topology)
-    state = train.init(problem.params)
+    state = jfa.run(train, train.init(problem.params), grad_fn, warmup)
     snaps: list[tuple[float, int, np.ndarray]] = []
     jf.barrier()
     start = time.perf_counter()
+    snaps.append((0.0, int(state.iteration), flat(train.params(state))))
+    iterations += int(state.iteration)
 
     def callback(state):
         time.sleep(pause)
@@ -169,11 +173,13 @@ def train_mpi(problem: Problem, method: str, grad_fn: Callable, *, pause: float,
 
 
 def train_simulated(problem: Problem, speeds: np.ndarray, *, message: float, iterations: int,
-                    every: int, progress: Callable[[str, float], None] | None = None
+                    every: int, warmup: int = WARMUP,
+                    progress: Callable[[str, float], None] | None = None
                     ) -> dict[str, list[Record]]:
     """Every method on N simulated agents in simulated time (compute ``speeds[i]``
     seconds a step, ``message`` seconds a message): the same per-agent code,
-    run in chunks so that the models can be recorded."""
+    run in chunks so that the models can be recorded; ``warmup`` steps and a
+    barrier first, as on MPI."""
     topology = T.exponential(N)
     delays = jf.Delays(compute=speeds, message=message)
     data = jax.tree.map(lambda *v: jnp.stack(v), *[problem.data(q) for q in range(N)])
@@ -192,22 +198,31 @@ def train_simulated(problem: Problem, speeds: np.ndarray, *, message: float, ite
                 state = jfa.run(train, state, grad_fn, 10**9, until=stop)
             return state, jfa.now(), train.params(state)
 
+        def warm(state, data, train=train):
+            state = jfa.run(train, state, problem.grad(data), warmup)
+            jf.barrier()
+            return state, jfa.now(), train.params(state)
+
+        jf.reset_clocks()
         state = jf.simulate(train.init, topology, delays=delays)(params)
         step = jax.jit(jf.simulate(chunk, topology, delays=delays, in_axes=(0, 0, None)))
-        stops = (list(range(every, iterations + 1, every)) if synchronous
-                 else list(np.linspace(budget / 40, budget, 40)))
-        times, counts, models = [], [], []
+        state, origin, model = jax.jit(jf.simulate(warm, topology, delays=delays))(state, data)
+        origin = float(np.max(origin))
+        stops = (list(range(warmup + every, warmup + iterations + 1, every)) if synchronous
+                 else list(origin + np.linspace(budget / 40, budget, 40)))
+        times, counts, models = [np.zeros(N)], [np.asarray(state.iteration)], [model]
         for i, stop in enumerate(stops):
             state, now, model = step(state, data, stop)
-            times.append(np.asarray(now))
+            times.append(np.asarray(now) - origin)
             counts.append(np.asarray(state.iteration))
-            models.append(np.stack([flat(jax.tree.map(lambda v: v[q], model))
-                                    for q in range(N)]))
+            models.append(model)
             if progress is not None:
                 progress(method, (i + 1) / len(stops))
         jf.simulate(lambda v: (train.free(), v)[1], topology)(speeds)
         if method == "atc":
             budget = float(np.max(times[-1]))
+        models = [np.stack([flat(jax.tree.map(lambda v: v[q], m)) for q in range(N)])
+                  for m in models]
         runs[method] = [(np.array([t[q] for t in times]), np.array([c[q] for c in counts]),
                          np.stack([m[q] for m in models])) for q in range(N)]
     return runs
@@ -238,11 +253,12 @@ def summarize(problem: Problem, runs: dict[str, list[Record]]) -> dict[str, dict
             target = float(values[-1])
         hit = (values >= target - 1e-9 if problem.higher_is_better
                else values <= target * (1 + 1e-9))
-        fast = [iters[-1] / times[-1] for times, iters, _ in records[1:]]
+        fast = [(iters[-1] - iters[0]) / (times[-1] - times[0])
+                for times, iters, _ in records[1:]]
         rows[method] = {"iterations_per_s": float(np.mean(fast)),
                         "time_to_target": float(grid[np.argmax(hit)]) if hit.any() else None,
                         "final": float(values[-1]), "wall_time": float(grid[-1]),
-                        "straggler_iterations": int(records[0][1][-1]),
+                        "straggler_iterations": int(records[0][1][-1] - records[0][1][0]),
                         "curve": [grid.tolist(), values.tolist()]}
     return rows
 

@@ -39,7 +39,7 @@ _OPS = ("allgather", "allreduce", "barrier", "broadcast", "hierarchical_neighbor
 _WINDOW_OPS = ("win_accumulate", "win_create", "win_free", "win_get", "win_mutex", "win_put",
                "win_update", "win_update_then_collect", "win_version", "win_weight")
 _LAZY = {"ops": "jaxfog.ops", "simulate": "jaxfog.sim", "Agents": "jaxfog.sim",
-         "Delays": "jaxfog.sim",
+         "Delays": "jaxfog.sim", "reset_clocks": "jaxfog.sim",
          "jit": "jaxfog.ops.jit",
          **{name: "jaxfog.ops" for name in _OPS + _WINDOW_OPS}}
 
@@ -55,6 +55,6 @@ __all__ = [
     "Agents", "Delays", "NotInitializedError", *_OPS, *_WINDOW_OPS, "async_min_bytes", "in_neighbor_ranks", "init",
     "is_homogeneous", "is_initialized", "jit", "load_machine_topology", "load_topology",
     "local_rank", "local_size", "machine_rank", "machine_size", "out_neighbor_ranks", "rank",
-    "set_async_min_bytes", "set_machine_topology", "set_topology", "shutdown", "simulate",
+    "reset_clocks", "set_async_min_bytes", "set_machine_topology", "set_topology", "shutdown", "simulate",
     "size", "topology",
 ]

@@ -121,8 +121,8 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
       in_axes, out_axes: as for ``jax.vmap`` (the agent axis).
       axis_name: name of the agent axis.
       delays: a :class:`Delays` model: the agents run in simulated time
-        (their clocks start at 0 and carry over between calls of the
-        returned function).
+        (their clocks start at 0 and carry over between simulated calls, like
+        windows, until :func:`reset_clocks`).
 
     Returns:
       A function of stacked per-agent arguments; jit it, grad it, scan it.
@@ -156,16 +156,13 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
     if delays is not None and not isinstance(delays, Delays):
         raise TypeError(f"simulate: delays must be a jaxfog.Delays, got {type(delays).__name__}")
     timing = None if delays is None else delays.resolve(n)
-    clocks = None
-    if timing is not None:
-        with jax.ensure_compile_time_eval():
-            clocks = jax.new_ref(jnp.zeros(n, jnp.result_type(float)))
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
         # The windows that exist go in as this call's references (one view per
         # agent); the ones it creates come out as stacked states, kept after.
         refs = windows.kept_refs()
+        clocks = None if timing is None else clock.kept(n)
         sessions = []
 
         def per_agent(refs, now, *args, **kwargs):
@@ -185,6 +182,11 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
         return out
 
     return run
+
+
+def reset_clocks() -> None:
+    """Sets the simulated agents' clocks (``simulate(..., delays=...)``) back to 0."""
+    clock.reset()
 
 
 class Agents:

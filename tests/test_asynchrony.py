@@ -152,3 +152,28 @@ def test_bad_arguments():
     schedule = T.Schedule([T.ring(4), T.star(4)])
     with pytest.raises(TypeError, match="static Topology"):
         jf.simulate(jfa.adpsgd(optax.sgd(0.1)).init, schedule)(jnp.zeros((4, 2)))
+
+
+def test_adpsgd_least_squares_reaches_a_neighbourhood_that_shrinks_with_the_step():
+    # Lian et al.: with full gradients and a constant step gamma, AD-PSGD on
+    # heterogeneous data settles within O(gamma) of the optimum (no exact
+    # convergence); halving gamma about halves the distance.
+    problem, topo = least_squares(N), T.ring(N)
+    loss = problem.loss(N)
+
+    def distance(lr):
+        trainer = jfa.adpsgd(optax.sgd(lr), seed=1)
+
+        def agent(x, a, b):
+            state = jfa.run(trainer, trainer.init(x), lambda p, k: jax.grad(loss)(p, a, b),
+                            4000)
+            return trainer.params(state)
+
+        x = np.asarray(jax.jit(jf.simulate(agent, topo))(
+            jnp.zeros((N, problem.A.shape[-1])), jnp.asarray(problem.A),
+            jnp.asarray(problem.B)))
+        jf.simulate(lambda v: (jf.win_free(), v)[1], topo)(jnp.zeros(N))
+        return np.linalg.norm(x.mean(0) - problem.optimum) / np.linalg.norm(problem.optimum)
+
+    big, small = distance(0.2 / problem.lipschitz), distance(0.1 / problem.lipschitz)
+    assert big < 0.1 and 0.3 * big < small < 0.75 * big, (big, small)

@@ -3,6 +3,11 @@ deadlock, Hop's bounds. Every rank checks its own values."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from jaxfog.testing import run_mpi
 from mpi_harness import mpi_test
 
 
@@ -146,3 +151,34 @@ def test_pair_gossip_averages_pairs_like_the_simulation():
     mate = jfa.pick(0, r, 0, n)
     assert 0 <= mate < n
     jf.barrier()
+
+
+def _peer_dies_mid_run():
+    import os
+
+    import jax.numpy as jnp
+    import optax
+
+    import jaxfog as jf
+    import jaxfog.asynchrony as jfa
+
+    jf.init()
+    make = {"push_sum": jfa.push_sum, "adpsgd": jfa.adpsgd,
+            "hop": lambda inner: jfa.hop(inner, staleness=1)}[os.environ["TRAINER"]]
+    trainer = make(optax.sgd(0.01))
+    state = trainer.init(jnp.ones(1000))
+
+    def die(state):
+        if jf.rank() == 1 and int(state.iteration) == 5:
+            os._exit(3)
+
+    jfa.run(trainer, state, lambda p, k: p, 10**6, callback=die)
+
+
+@pytest.mark.parametrize("trainer", ["push_sum", "adpsgd", "hop"])
+def test_a_peer_dying_mid_run_ends_the_job(trainer):
+    result = run_mpi(3, Path(__file__), "_peer_dies_mid_run", timeout=120,
+                     env={"JAXFOG_TIMEOUT": "5", "TRAINER": trainer})
+    assert not result.ok
+    assert result.returncode is not None, result.report()  # ended, not killed by the harness
+    assert result.seconds < 90, result.report()

@@ -23,12 +23,14 @@ N = 4
 
 @pytest.fixture(autouse=True)
 def _x64():
+    jf.reset_clocks()
     with jax.enable_x64(True):
         yield
 
 
 def _train(trainer, problem, topo, iterations, x0, delays=None, lr_grad=True):
     loss = problem.loss(topo.size)
+    jf.reset_clocks()
 
     def agent(x, a, b):
         state = trainer.init(x)
@@ -231,3 +233,14 @@ def test_hop_in_a_loop_without_x64():
                                   delays=jf.Delays.straggler(N, 2.0, message=0.5)))(x)
         jf.simulate(lambda v: (jf.win_free(), v)[1], topo)(x)
     assert (np.asarray(out) >= 3).all()
+
+
+def test_clocks_carry_over_between_simulated_functions_until_reset():
+    delays = jf.Delays(message=1.0)
+    first = jf.simulate(lambda x: (jf.barrier(), jfa.now())[1], N, delays=delays)
+    second = jax.jit(jf.simulate(lambda x: (jf.barrier(), jfa.now())[1], N, delays=delays))
+    x = jnp.zeros(N)
+    np.testing.assert_allclose(first(x), 1.0)
+    np.testing.assert_allclose(second(x), 2.0)
+    jf.reset_clocks()
+    np.testing.assert_allclose(second(x), 1.0)

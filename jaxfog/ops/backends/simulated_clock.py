@@ -1,7 +1,7 @@
 """Simulated time: the agents' clocks under ``jaxfog.simulate(..., delays=...)``.
 
-Each agent has a clock (seconds, a ``jax.Ref`` kept across calls of one
-simulated function, like a window). Time moves in three places:
+Each agent has a clock (seconds, a ``jax.Ref`` kept across simulated calls,
+like a window, until :func:`reset`). Time moves in three places:
 
 * :func:`jaxfog.asynchrony.run` charges each step its compute time
   (:func:`compute_time`) and picks which agents step (:func:`stepping`);
@@ -23,6 +23,7 @@ import dataclasses
 import threading
 from typing import Any, Callable, Iterator, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -38,6 +39,28 @@ class Timing(NamedTuple):
     jitter: float
     seed: int
     queue: int  # messages in flight kept per edge and window
+
+
+# The agents' clocks, kept across simulated calls: (n, dtype) -> Ref (n,).
+_kept: dict[tuple[int, Any], Any] = {}
+
+
+def kept(n: int) -> Any:
+    """The clocks of n simulated agents (a ``jax.Ref``; zeros at first), in
+    the default float type (float64 under ``jax_enable_x64``)."""
+    key = (n, jnp.result_type(float))
+    if key not in _kept:
+        with jax.ensure_compile_time_eval():
+            _kept[key] = jax.new_ref(jnp.zeros(n, key[1]))
+    return _kept[key]
+
+
+def reset() -> None:
+    """Sets every simulated agent's clock back to 0 (in place: compiled
+    functions hold the references)."""
+    for ref in _kept.values():
+        with jax.enable_x64(True):  # a float64 clock stays float64
+            ref[...] = jnp.zeros(ref.shape, ref.dtype)
 
 
 @dataclasses.dataclass
