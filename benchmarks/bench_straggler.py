@@ -214,6 +214,8 @@ def main() -> None:
               f"{args.emulated_ms:g} ms of emulated compute per step on every rank; "
               f"simulated messages take {args.message_s * 1e3:g} ms. "
               "Produced by `python benchmarks/bench_straggler.py`.", "",
+              "Every method takes 20 untimed steps first (compilation), then the clock "
+              "starts after a barrier. "
               "The asynchronous methods run for atc's wall time. 'time to atc's final': "
               "when the agents' mean model first reaches the metric atc ended with "
               "(in parentheses: the ratio to atc's wall time).", ""]

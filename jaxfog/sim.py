@@ -77,7 +77,7 @@ class Delays(NamedTuple):
         message = np.random.default_rng(seed).uniform(low, high, (n, n))
         return cls(message=message, seed=seed, **kwargs)
 
-    def resolve(self, n: int) -> clock.Timing:
+    def _resolve(self, n: int) -> clock.Timing:
         """The model for ``n`` agents (checked)."""
         compute = np.broadcast_to(np.asarray(self.compute, np.float64), (n,)).copy() if (
             np.ndim(self.compute) in (0, 1) and np.size(self.compute) in (1, n)) else None
@@ -155,7 +155,7 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
     simulation = _context.Simulation(axis_name, n, topology, int(local_size), machine_topology)
     if delays is not None and not isinstance(delays, Delays):
         raise TypeError(f"simulate: delays must be a jaxfog.Delays, got {type(delays).__name__}")
-    timing = None if delays is None else delays.resolve(n)
+    timing = None if delays is None else delays._resolve(n)
 
     @functools.wraps(fn)
     def run(*args, **kwargs):

@@ -66,7 +66,7 @@ def test_adpsgd_conserves_pairs_and_never_deadlocks():
     state = trainer.init(jnp.asarray(x0))
     zero = jax.jit(lambda p, k: jnp.zeros_like(p))
     nap = (lambda s: time.sleep(0.001)) if r == 0 else None
-    state = jfa.run(trainer, state, zero, 150, callback=nap)  # random peers, contended
+    state = jfa.run(trainer, state, zero, 300, callback=nap)  # random peers, contended
     jf.barrier()
     x = np.asarray(trainer.params(state))
     np.testing.assert_allclose(np.asarray(jf.allreduce(jnp.asarray(x), "sum")), total,

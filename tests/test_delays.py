@@ -78,7 +78,7 @@ def test_synchronous_clocks_follow_the_slowest_in_neighbour():
     _, _, now = _train(jfa.from_optax(jfo.atc(optax.sgd(0.01), topology=topo)), problem,
                        topo, 12, _x0(problem, 5), delays)
     # The model: t_i = max(t_i + c_i(k), max_j in(i) (t_j + c_j(k) + d[j, i])).
-    timing = delays.resolve(5)
+    timing = delays._resolve(5)
     t = np.zeros(5)
     ins = (topo.weights != 0) & ~np.eye(5, dtype=bool)
     for k in range(12):
