@@ -144,3 +144,13 @@ def all_cases(n: int, problem: Problem):
     yield "exact_diffusion", jfo.exact_diffusion(lr), expo
     yield "push_sum", jfo.push_sum(optax.sgd(lr)), expo
     yield "push_diging", jfo.push_diging(lr / 2, topology=schedule), expo
+
+
+def directed_graph(n: int, rng: np.random.Generator) -> T.Topology:
+    """A random directed, non-regular, strongly connected graph (a ring of
+    edges i-1 -> i plus random ones), row-stochastic: push-sum's test graph."""
+    edges = (rng.random((n, n)) < 0.4).astype(float)
+    for i in range(n):
+        edges[i, (i - 1) % n] = 1.0
+    np.fill_diagonal(edges, 1.0)
+    return T.from_weights(edges / edges.sum(1, keepdims=True))

@@ -13,7 +13,7 @@ import jaxfog as jf
 import jaxfog.asynchrony as jfa
 import jaxfog.optax as jfo
 import jaxfog.topology as T
-from optax_cases import least_squares
+from optax_cases import directed_graph, least_squares
 
 N = 4
 
@@ -57,11 +57,7 @@ def test_async_push_sum_is_push_sum_when_agents_step_together():
 def test_async_push_sum_consensus_conserves_mass_on_a_directed_graph():
     rng = np.random.default_rng(1)
     n = 5
-    edges = (rng.random((n, n)) < 0.4).astype(float)
-    for i in range(n):
-        edges[i, (i - 1) % n] = 1.0
-    np.fill_diagonal(edges, 1.0)
-    topo = T.from_weights(edges / edges.sum(1, keepdims=True))
+    topo = directed_graph(n, rng)
     x0 = jnp.asarray(rng.standard_normal((n, 3)))
     trainer = jfa.push_sum(optax.sgd(0.0))
 

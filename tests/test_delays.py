@@ -16,7 +16,7 @@ import jaxfog.asynchrony as jfa
 import jaxfog.optax as jfo
 import jaxfog.topology as T
 from jaxfog.ops.backends import simulated_clock as sc
-from optax_cases import least_squares
+from optax_cases import directed_graph, least_squares
 
 N = 4
 
@@ -138,11 +138,7 @@ def test_straggler_runs_are_reproducible_and_asynchronous_agents_do_not_wait():
 def test_push_sum_mass_is_exact_once_the_messages_in_flight_land():
     rng = np.random.default_rng(5)
     n = 5
-    edges = (rng.random((n, n)) < 0.4).astype(float)
-    for i in range(n):
-        edges[i, (i - 1) % n] = 1.0
-    np.fill_diagonal(edges, 1.0)
-    topo = T.from_weights(edges / edges.sum(1, keepdims=True))
+    topo = directed_graph(n, rng)
     x0 = jnp.asarray(rng.standard_normal((n, 3)))
     trainer = jfa.push_sum(optax.sgd(0.0))
     delays = jf.Delays.straggler(n, 3.0, message=rng.uniform(0.1, 2.0, (n, n)), jitter=0.5)
