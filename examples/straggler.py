@@ -173,13 +173,14 @@ def train_mpi(problem: Problem, method: str, grad_fn: Callable, *, pause: float,
 
 
 def train_simulated(problem: Problem, speeds: np.ndarray, *, message: float, iterations: int,
-                    every: int, warmup: int = WARMUP,
+                    every: int, warmup: int = WARMUP, chunks: int = 40,
                     progress: Callable[[str, float], None] | None = None
                     ) -> dict[str, list[Record]]:
     """Every method on N simulated agents in simulated time (compute ``speeds[i]``
     seconds a step, ``message`` seconds a message): the same per-agent code,
-    run in chunks so that the models can be recorded; ``warmup`` steps and a
-    barrier first, as on MPI."""
+    run in chunks so that the models can be recorded (every ``every`` steps
+    of a synchronous method, ``chunks`` times for an asynchronous one);
+    ``warmup`` steps and a barrier first, as on MPI."""
     topology = T.exponential(N)
     delays = jf.Delays(compute=speeds, message=message)
     data = jax.tree.map(lambda *v: jnp.stack(v), *[problem.data(q) for q in range(N)])
@@ -209,7 +210,7 @@ def train_simulated(problem: Problem, speeds: np.ndarray, *, message: float, ite
         state, origin, model = jax.jit(jf.simulate(warm, topology, delays=delays))(state, data)
         origin = float(np.max(origin))
         stops = (list(range(warmup + every, warmup + iterations + 1, every)) if synchronous
-                 else list(origin + np.linspace(budget / 40, budget, 40)))
+                 else list(origin + np.linspace(budget / chunks, budget, chunks)))
         times, counts, models = [np.zeros(N)], [np.asarray(state.iteration)], [model]
         for i, stop in enumerate(stops):
             state, now, model = step(state, data, stop)
@@ -302,6 +303,8 @@ def main(argv=None) -> dict[str, dict]:
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--emulated-ms", type=float, default=10.0)
     parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--chunks", type=int, default=40,
+                        help="records of an asynchronous run on simulated agents")
     parser.add_argument("--out", default="straggler.png")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -313,7 +316,7 @@ def main(argv=None) -> dict[str, dict]:
         speeds[0] *= 1 + args.straggler
         bars = {m: train_digits.Progress(m, 100, not args.no_progress) for m in METHODS}
         runs = train_simulated(problem, speeds, message=2e-4, iterations=args.iterations,
-                               every=args.every,
+                               every=args.every, chunks=args.chunks,
                                progress=lambda m, f: bars[m](int(round(100 * f))))
         rows, where = summarize(problem, runs), "simulated agents, simulated time"
     else:

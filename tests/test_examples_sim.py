@@ -65,8 +65,9 @@ def test_async_consensus_simulated():
 def test_straggler_simulated(tmp_path, capsys):
     out = tmp_path / "straggler.png"
     rows = _example("straggler").main(["--straggler", "4", "--iterations", "40",
-                                       "--every", "10", "--emulated-ms", "20",
-                                       "--out", str(out), "--no-progress"])
+                                       "--every", "20", "--chunks", "4",
+                                       "--emulated-ms", "20", "--out", str(out),
+                                       "--no-progress"])
     assert "simulated agents" in capsys.readouterr().out and out.stat().st_size > 0
     # In simulated time the fast agents of the asynchronous methods do not
     # wait for the 5x slower straggler (push-sum, AD-PSGD), or wait less (Hop).
