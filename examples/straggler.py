@@ -141,11 +141,16 @@ def train_mpi(problem: Problem, method: str, grad_fn: Callable, *, pause: float,
               progress: Callable[[float], None] | None = None) -> Record:
     """One method on this MPI process: ``warmup`` untimed steps (compilation),
     then a synchronous one for ``iterations`` steps, an asynchronous one for
-    ``budget`` seconds; sleeps ``pause`` after each step; records its model
-    every ``every`` steps."""
+    ``budget`` seconds; each step sleeps ``pause`` first (once the trainer is
+    ready); records its model every ``every`` steps."""
     topology = jf.load_topology()
     train = trainer(method, problem, topology)
     state = jfa.run(train, train.init(problem.params), grad_fn, warmup)
+    # The emulated compute (and the straggler's sleep) is part of the step,
+    # after the ready check: a rank computes only once Hop's bounds let it.
+    step = train.step
+    train = train._replace(step=lambda state, grad_fn: (time.sleep(pause),
+                                                         step(state, grad_fn))[1])
     snaps: list[tuple[float, int, np.ndarray]] = []
     jf.barrier()
     start = time.perf_counter()
@@ -153,7 +158,6 @@ def train_mpi(problem: Problem, method: str, grad_fn: Callable, *, pause: float,
     iterations += int(state.iteration)
 
     def callback(state):
-        time.sleep(pause)
         k = int(state.iteration)
         if not snaps or k >= snaps[-1][1] + every:
             elapsed = time.perf_counter() - start
