@@ -89,21 +89,13 @@ def worker(args: argparse.Namespace) -> None:
     jf.set_topology(T.exponential(N))
     out = {}
     for name in args.problems:
-        problem = PROBLEMS[name]()
-        grad_fn = problem.grad(problem.data(r))
-        compute = straggler.compute_time(problem, grad_fn) + args.emulated_ms / 1e3
-        computes = np.asarray(jf.allgather(jnp.asarray([compute])))
-        pause = float(args.emulated_ms / 1e3 + (args.slowdown * computes[0] if r == 0 else 0))
-        budget = None
-        for method in straggler.METHODS:
-            times, iterations, models = straggler.train_mpi(
-                problem, method, grad_fn, pause=pause, iterations=args.iterations,
-                budget=budget, every=args.every)
-            if method == "atc":
-                budget = float(np.max(np.asarray(jf.allgather(jnp.asarray([times[-1]])))))
+        records, computes = straggler.compare_mpi(
+            PROBLEMS[name](), slowdown=args.slowdown, iterations=args.iterations,
+            every=args.every, emulated_ms=args.emulated_ms)
+        for method, (times, iterations, models) in records.items():
             out.update({f"{name}/{method}/time": times, f"{name}/{method}/iteration": iterations,
                         f"{name}/{method}/params": models})
-        out[f"{name}/compute"] = computes.ravel()
+        out[f"{name}/compute"] = computes
     np.savez(Path(args.out) / f"rank{r}.npz", **out)
 
 

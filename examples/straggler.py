@@ -176,6 +176,31 @@ def train_mpi(problem: Problem, method: str, grad_fn: Callable, *, pause: float,
             np.stack([s[2] for s in snaps]))
 
 
+def compare_mpi(problem: Problem, *, slowdown: float, iterations: int, every: int,
+                emulated_ms: float, progress: Callable[[str, float], None] | None = None
+                ) -> tuple[dict[str, Record], np.ndarray]:
+    """Every method on this MPI process (rank 0 the straggler, sleeping
+    ``slowdown`` times its compute); the asynchronous ones for atc's wall time.
+    Returns this rank's records and every rank's compute seconds per step."""
+    r = jf.rank()
+    grad_fn = problem.grad(problem.data(r))
+    compute = compute_time(problem, grad_fn) + emulated_ms / 1e3
+    computes = np.asarray(jf.allgather(jnp.asarray([compute]))).ravel()
+    pause = float(emulated_ms / 1e3 + (slowdown * computes[0] if r == 0 else 0))
+    records, budget = {}, None
+    for method in METHODS:
+        records[method] = train_mpi(
+            problem, method, grad_fn, pause=pause, iterations=iterations, budget=budget,
+            every=every, progress=None if progress is None else (
+                lambda f, method=method: progress(method, f)))
+        if progress is not None:
+            progress(method, 1.0)
+        if method == "atc":
+            end = records[method][0][-1]
+            budget = float(np.max(np.asarray(jf.allgather(jnp.asarray([end])))))
+    return records, computes
+
+
 def train_simulated(problem: Problem, speeds: np.ndarray, *, message: float, iterations: int,
                     every: int, warmup: int = WARMUP, chunks: int = 40,
                     progress: Callable[[str, float], None] | None = None
@@ -328,19 +353,14 @@ def main(argv=None) -> dict[str, dict]:
             raise SystemExit(f"run with {N} processes (jaxfog run -np {N}) or with python")
         r = jf.rank()
         jf.set_topology(T.exponential(N))
-        grad_fn = problem.grad(problem.data(r))
-        compute = compute_time(problem, grad_fn) + args.emulated_ms / 1e3
-        computes = np.asarray(jf.allgather(jnp.asarray([compute])))
-        pause = float(args.emulated_ms / 1e3 + (args.straggler * computes[0] if r == 0 else 0))
-        runs, budget = {}, None
-        for method in METHODS:
-            bar = train_digits.Progress(method, 100, r == 1 and not args.no_progress)
-            record = train_mpi(problem, method, grad_fn, pause=pause,
-                               iterations=args.iterations, budget=budget, every=args.every,
-                               progress=lambda f, bar=bar: bar(min(100, int(100 * f))))
-            bar(100)
-            if method == "atc":
-                budget = float(np.max(np.asarray(jf.allgather(jnp.asarray([record[0][-1]])))))
+        bars = {m: train_digits.Progress(m, 100, r == 1 and not args.no_progress)
+                for m in METHODS}
+        records, _ = compare_mpi(problem, slowdown=args.straggler,
+                                 iterations=args.iterations, every=args.every,
+                                 emulated_ms=args.emulated_ms,
+                                 progress=lambda m, f: bars[m](min(100, int(100 * f))))
+        runs = {}
+        for method, record in records.items():
             # Every rank's record, gathered (padded to one length) for the evaluation.
             length = int(np.max(np.asarray(jf.allgather(jnp.asarray([len(record[0])])))))
             padded = [np.concatenate([a, np.repeat(a[-1:], length - len(a), axis=0)])
