@@ -114,6 +114,7 @@ def agent_sequence(x, sequence, name: str = "seq"):
                     dst_weights=row)
         jf.barrier()  # every rank's op has landed before anyone's next one
         versions = W.win_version(name)
+        jf.barrier()  # and every rank has read its versions before the next op lands
         outs.append(jnp.concatenate([x, jnp.asarray([versions.get(j, 0) for j in range(n)],
                                                     x.dtype), jnp.reshape(W.win_weight(name),
                                                                           (1,)).astype(x.dtype)]))
