@@ -29,6 +29,7 @@ from jaxfog.runtime import (
     shutdown,
     size,
 )
+from jaxfog.traffic import CommStats, comm_stats
 
 __version__ = "0.1.0"
 
@@ -52,7 +53,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Agents", "Delays", "NotInitializedError", *_OPS, *_WINDOW_OPS, "async_min_bytes", "in_neighbor_ranks", "init",
+    "Agents", "CommStats", "Delays", "NotInitializedError", *_OPS, *_WINDOW_OPS, "async_min_bytes", "comm_stats", "in_neighbor_ranks", "init",
     "is_homogeneous", "is_initialized", "jit", "load_machine_topology", "load_topology",
     "local_rank", "local_size", "machine_rank", "machine_size", "out_neighbor_ranks", "rank",
     "reset_clocks", "set_async_min_bytes", "set_machine_topology", "set_topology", "shutdown", "simulate",

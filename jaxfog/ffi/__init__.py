@@ -102,6 +102,8 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_win_free.restype = ctypes.c_int
     lib.jaxfog_build_info.restype = ctypes.c_char_p
     lib.jaxfog_op_table.restype = ctypes.c_char_p
+    lib.jaxfog_traffic.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_int]
+    lib.jaxfog_traffic.restype = ctypes.c_int
     _check_same_mpi(lib)
     return lib
 
@@ -131,6 +133,24 @@ def flush_timeline() -> bool:
     True also when no timeline records.
     """
     return library().jaxfog_timeline_flush() == 0
+
+
+#: The fields of a row of the library's traffic table (``traffic.h``), in order.
+TRAFFIC_FIELDS = ("calls", "messages", "bytes", "header_bytes")
+
+
+def traffic(reset: bool = False) -> dict[int, tuple[int, ...]]:
+    """This process's traffic counters by op code (rows with any call), then
+    zeroed if ``reset``."""
+    rows = 64
+    table = (ctypes.c_int64 * (rows * len(TRAFFIC_FIELDS)))()
+    fields = library().jaxfog_traffic(table, rows, int(reset))
+    if fields != len(TRAFFIC_FIELDS):
+        raise FfiLibraryError(f"the library counts {fields} traffic fields, Python expects "
+                              f"{len(TRAFFIC_FIELDS)}: rebuild it")
+    values = list(table)
+    return {code: tuple(values[code * fields:(code + 1) * fields]) for code in range(rows)
+            if values[code * fields]}
 
 
 def mpi_library_version() -> str:

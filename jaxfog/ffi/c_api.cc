@@ -19,6 +19,7 @@
 #include "registry.h"
 #include "status.h"
 #include "timeline.h"
+#include "traffic.h"
 
 namespace {
 
@@ -169,6 +170,19 @@ __attribute__((visibility("default"))) const char* jaxfog_op_table() {
     return new std::string(text + "]");  // never freed: the pointer is handed out
   }();
   return json->c_str();
+}
+
+// Copies this process's traffic counters (traffic.h) into `out`, a row of
+// kFields int64 per op code 0..rows-1; with `reset`, zeroes them after.
+// Returns the number of fields per row.
+__attribute__((visibility("default"))) int jaxfog_traffic(int64_t* out, int rows, int reset) {
+  std::atomic<int64_t>* table = jaxfog::traffic::Table();
+  const int count = std::min(rows, jaxfog::traffic::kMaxOps) * jaxfog::traffic::kFields;
+  for (int i = 0; i < count; ++i) {
+    out[i] = reset ? table[i].exchange(0, std::memory_order_relaxed)
+                   : table[i].load(std::memory_order_relaxed);
+  }
+  return jaxfog::traffic::kFields;
 }
 
 }  // extern "C"

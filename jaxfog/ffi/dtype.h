@@ -22,6 +22,14 @@ inline const char* DTypeName(ffi::DataType type) {
     case ffi::DataType::C128: return "complex128";
     case ffi::DataType::S32: return "int32";
     case ffi::DataType::S64: return "int64";
+    // Moved, never averaged (compressed payloads: packed bits, indices, keys).
+    case ffi::DataType::PRED: return "bool";
+    case ffi::DataType::S8: return "int8";
+    case ffi::DataType::U8: return "uint8";
+    case ffi::DataType::S16: return "int16";
+    case ffi::DataType::U16: return "uint16";
+    case ffi::DataType::U32: return "uint32";
+    case ffi::DataType::U64: return "uint64";
     default: return "unsupported";
   }
 }

@@ -13,6 +13,7 @@
 #include "dtype.h"
 #include "mpi_status.h"
 #include "timeline.h"
+#include "traffic.h"
 
 namespace jaxfog {
 
@@ -332,6 +333,10 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
                                   const Streaming* streaming) {
   ++sequence_;
   const std::string what = Describe(info);
+  size_t sent = 0;
+  for (const SendSpec& send : sends) sent += TotalBytes(send.pieces);
+  traffic::Add(info.op, static_cast<int64_t>(sends.size()), static_cast<int64_t>(sent),
+               static_cast<int64_t>(sends.size() * sizeof(Header)));
   // The header buffers outlive the requests using them; on an error path
   // pending headers are abandoned before pending data (destroyed in reverse).
   std::vector<Header> out_headers(sends.size());
@@ -472,6 +477,9 @@ ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out
   }
   const size_t width = ffi::ByteWidth(type);
   JAXFOG_RETURN_IF_ERROR(Agree(info, count * width, what));
+  // What a bandwidth-optimal (ring) allreduce sends per rank.
+  traffic::Add(info.op, 2 * (size_ - 1), static_cast<int64_t>(2 * (size_ - 1) * count * width /
+                                                              std::max(size_, 1)));
   MPI_Op op = type == ffi::DataType::F16    ? half_sum_
               : type == ffi::DataType::BF16 ? bfloat16_sum_
                                             : MPI_SUM;
@@ -493,6 +501,8 @@ ffi::Error MpiTransport::Broadcast(const OpInfo& info, void* data, size_t bytes,
   ++sequence_;
   const std::string what = Describe(info);
   JAXFOG_RETURN_IF_ERROR(Agree(info, bytes, what));
+  const int64_t peers = rank_ == root ? size_ - 1 : 0;  // the root sends to every other rank
+  traffic::Add(info.op, peers, peers * static_cast<int64_t>(bytes));
   timeline::Span span("MPI_Ibcast");
   RequestSet requests("rank " + std::to_string(root) + " (the root)");
   for (size_t start = 0; start < bytes; start += max_message_bytes_) {
@@ -515,6 +525,8 @@ ffi::Error MpiTransport::Allgather(const OpInfo& info, const void* in, void* out
         "message can carry here (" + std::to_string(max_message_bytes_) +
         " bytes); gather a pytree of smaller leaves instead");
   }
+  // Every rank's block reaches every other rank.
+  traffic::Add(info.op, size_ - 1, static_cast<int64_t>(size_ - 1) * static_cast<int64_t>(bytes));
   timeline::Span span("MPI_Iallgather");
   RequestSet requests("the other ranks");
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Iallgather(in, static_cast<int>(bytes), MPI_BYTE, out,

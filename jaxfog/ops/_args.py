@@ -27,14 +27,21 @@ SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
     jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64, jnp.complex64, jnp.complex128,
     jnp.int32, jnp.int64))
 
+#: ops that only move data, never average it: they also take the small
+#: integer and bool dtypes compressed payloads are made of.
+MOVING_OPS = ("allgather", "neighbor_allgather", "broadcast")
+MOVED_DTYPES = SUPPORTED_DTYPES + tuple(np.dtype(t) for t in (
+    jnp.bool_, jnp.int8, jnp.uint8, jnp.int16, jnp.uint16, jnp.uint32, jnp.uint64))
+
 
 def leaves(op: str, x: Any) -> tuple[list[jax.Array], Any]:
-    """``x``'s leaves as arrays and its treedef; TypeError for a dtype no op supports."""
+    """``x``'s leaves as arrays and its treedef; TypeError for a dtype ``op`` does not take."""
     flat, treedef = jax.tree.flatten(x)
     flat = [jnp.asarray(leaf) for leaf in flat]
+    allowed = MOVED_DTYPES if op in MOVING_OPS else SUPPORTED_DTYPES
     for leaf in flat:
-        if leaf.dtype not in SUPPORTED_DTYPES:
-            names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+        if leaf.dtype not in allowed:
+            names = ", ".join(str(d) for d in allowed)
             raise TypeError(f"jaxfog.{op}: dtype {leaf.dtype} is not supported "
                             f"(supported: {names})")
     return flat, treedef
