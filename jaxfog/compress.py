@@ -1,0 +1,618 @@
+r"""Compressors for compressed gossip: what travels is a small payload, not the array.
+
+A :class:`Compressor` is a pair of pure functions with fixed payload shapes
+(so they jit, and a payload goes through :func:`jaxfog.neighbor_allgather`
+as one message):
+
+* ``compress(x, key, warm=None) -> payload`` (a :class:`Payload`: the arrays
+  that travel, plus ``x``'s shape and dtype as static metadata);
+* ``decompress(payload) -> x_hat``, with ``x``'s shape and dtype;
+
+and ``bytes(x)``, what one payload for ``x`` weighs on the wire.
+
+Every compressor states what it guarantees for an array of ``d`` entries:
+
+* ``unbiased``: :math:`\mathbb{E}_{key}\, C(x) = x`;
+* ``delta(d)``, the contraction
+  :math:`\mathbb{E}\,\|C(x) - x\|^2 \le (1 - \delta)\, \|x\|^2` that
+  CHOCO-SGD and BEER assume (``None`` when the compressor is not a
+  contraction, as the unbiased random ones are not: use their biased form);
+* ``omega(d)`` for the unbiased ones, the variance bound
+  :math:`\mathbb{E}\,\|C(x) - x\|^2 \le \omega\, \|x\|^2`.
+
+Compressors work on one array. A pytree is compressed in groups of its
+leaves (:func:`compress_tree`): the leaves of a group are flattened and
+merged into one vector, compressed as one (MergeComp); :func:`search` picks
+the grouping from measured times.
+
+References:
+  Koloskova, Stich, Jaggi. *Decentralized Stochastic Optimization and Gossip
+  Algorithms with Compressed Communication*. ICML, 2019 (top-k, rand-k,
+  qsgd as contractions).
+
+  Alistarh, Grubic, Li, Tomioka, Vojnovic. *QSGD: Communication-Efficient SGD
+  via Gradient Quantization and Encoding*. NeurIPS, 2017.
+
+  Karimireddy, Rebjock, Stich, Jaggi. *Error Feedback Fixes SignSGD and other
+  Gradient Compression Schemes*. ICML, 2019 (scaled sign).
+
+  Vogels, Karimireddy, Jaggi. *PowerGossip: Practical Low-Rank Communication
+  Compression in Decentralized Deep Learning*. NeurIPS, 2020.
+
+  Wang, Neglia, Aldrich, Sundaram, Jaggi, Chen. *MergeComp: A Compression
+  Scheduler for Scalable Communication-Efficient Distributed Training*, 2021.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxfog import runtime
+from jaxfog.ops import allreduce, neighbor_allgather
+
+Array = jax.Array
+Tree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Payload:
+    """What a compressor sends for one array: ``arrays`` travel, ``shape`` and
+    ``dtype`` (the original array's) are static, so they never do."""
+
+    #: The arrays on the wire, each at least 1-D (a gather stacks them on axis 0).
+    arrays: tuple[Array, ...]
+    #: Shape of the compressed array.
+    shape: tuple[int, ...]
+    #: Its dtype, as a string.
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays: what one message of this payload weighs."""
+        return int(sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in self.arrays))
+
+
+jax.tree_util.register_dataclass(Payload, data_fields=["arrays"], meta_fields=["shape", "dtype"])
+
+
+class Compressor(NamedTuple):
+    """A compressor: see the module docstring for the contract."""
+
+    #: e.g. ``"top_k(0.01)"``; part of the MergeComp cache key.
+    name: str
+    #: ``compress(x, key, warm=None) -> Payload``.
+    compress: Callable[..., Payload]
+    #: ``decompress(payload) -> x_hat``.
+    decompress: Callable[[Payload], Array]
+    #: Whether :math:`\mathbb{E}\, C(x) = x`.
+    unbiased: bool
+    #: ``delta(d)``: the contraction factor for ``d`` entries, or None.
+    delta: Callable[[int], float | None]
+    #: ``omega(d)``: the variance bound of an unbiased compressor, else None.
+    omega: Callable[[int], float | None]
+    #: Whether ``compress`` uses ``warm`` (its previous payload): low-rank.
+    warm_start: bool = False
+    #: Whether it compresses a merged (flattened) group of leaves; low-rank
+    #: keeps each matrix's shape and so compresses leaf by leaf.
+    mergeable: bool = True
+
+    def bytes(self, x: Any) -> int:
+        """Bytes of the payload for an array shaped like ``x``."""
+        x = jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x))
+        key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+        return jax.eval_shape(self.compress, x, key).nbytes
+
+
+# --- helpers ---------------------------------------------------------------
+
+
+def _check_ratio(what: str, ratio: Any) -> float:
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+        raise ValueError(f"jaxfog.compress.{what}: ratio must be in (0, 1], got {ratio!r}")
+    return float(ratio)
+
+
+def _check_float(what: str, x: Array) -> Array:
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"jaxfog.compress.{what}: compresses real floating arrays, got {x.dtype}")
+    return x
+
+
+def _key_data(key: Array) -> Array:
+    """A key as its raw uint32 words (what travels in a payload)."""
+    key = jnp.asarray(key) if not hasattr(key, "dtype") else key
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(key)
+    return key.astype(jnp.uint32)
+
+
+def _count(ratio: float, d: int) -> int:
+    return max(1, min(d, math.ceil(ratio * d)))
+
+
+def _index_dtype(d: int) -> Any:
+    """The narrowest unsigned integer that indexes ``d`` entries."""
+    return jnp.uint8 if d <= 1 << 8 else jnp.uint16 if d <= 1 << 16 else jnp.uint32
+
+
+def _pack(codes: Array, bits: int) -> Array:
+    """Packs unsigned codes of ``bits`` (1, 2, 4 or 8) bits, ``8 // bits`` per byte."""
+    per = 8 // bits
+    codes = jnp.pad(codes.astype(jnp.uint8), (0, -codes.size % per)).reshape(-1, per)
+    shifts = jnp.arange(per, dtype=jnp.uint8) * bits
+    return jnp.sum(codes << shifts, axis=1, dtype=jnp.uint8)
+
+
+def _unpack(packed: Array, bits: int, d: int) -> Array:
+    per = 8 // bits
+    shifts = jnp.arange(per, dtype=jnp.uint8) * bits
+    return ((packed[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[:d]
+
+
+def _payload(x: Array, *arrays: Array) -> Payload:
+    return Payload(tuple(jnp.atleast_1d(a) for a in arrays), tuple(x.shape), str(x.dtype))
+
+
+# --- the compressors ---------------------------------------------------------
+
+
+def identity() -> Compressor:
+    """No compression: the payload is ``x`` itself, ``d * itemsize`` bytes.
+
+    Unbiased, ``delta = 1``, ``omega = 0``; the round trip is exact.
+    """
+    def compress(x, key, warm=None):
+        x = _check_float("identity", x)
+        return _payload(x, x.reshape(-1))
+
+    def decompress(p):
+        return p.arrays[0].reshape(p.shape)
+
+    return Compressor("identity()", compress, decompress, True, lambda d: 1.0, lambda d: 0.0)
+
+
+def top_k(ratio: float) -> Compressor:
+    r"""The ``k = ceil(ratio * d)`` entries largest in magnitude; the rest are zero.
+
+    Payload: the ``k`` values (``x``'s dtype) and their indices in the
+    narrowest unsigned integer that holds ``d - 1`` (uint8 up to 256 entries,
+    uint16 up to 65536, else uint32): ``k * (itemsize + index bytes)`` bytes.
+    Biased; deterministic contraction with :math:`\delta = k / d`.
+    """
+    ratio = _check_ratio("top_k", ratio)
+
+    def compress(x, key, warm=None):
+        x = _check_float("top_k", x)
+        flat = x.reshape(-1)
+        k = _count(ratio, flat.size)
+        _, index = jax.lax.top_k(jnp.abs(flat), k)
+        return _payload(x, flat[index], index.astype(_index_dtype(flat.size)))
+
+    def decompress(p):
+        values, index = p.arrays
+        d = math.prod(p.shape)
+        return jnp.zeros(d, p.dtype).at[index.astype(jnp.int32)].set(values).reshape(p.shape)
+
+    return Compressor(f"top_k({ratio:g})", compress, decompress, False,
+                      lambda d: _count(ratio, d) / d, lambda d: None)
+
+
+def rand_k(ratio: float, *, unbiased: bool = False) -> Compressor:
+    r"""``k = ceil(ratio * d)`` entries drawn uniformly without replacement from ``key``.
+
+    Payload: the ``k`` values and the key (2 uint32 words), from which the
+    receiver draws the same indices: ``k * itemsize + 8`` bytes.
+
+    * ``unbiased=False`` (the default, what CHOCO-SGD takes): the values as
+      they are; :math:`\mathbb{E}\,C(x) = (k/d)\, x`, a contraction with
+      :math:`\delta = k / d` in expectation.
+    * ``unbiased=True``: the values scaled by :math:`d / k`; unbiased, with
+      variance :math:`\omega = d / k - 1` and no contraction.
+    """
+    ratio = _check_ratio("rand_k", ratio)
+
+    def indices(key, d):
+        return jax.random.permutation(key, d)[:_count(ratio, d)]
+
+    def compress(x, key, warm=None):
+        x = _check_float("rand_k", x)
+        flat = x.reshape(-1)
+        words = _key_data(key)
+        values = flat[indices(words, flat.size)]
+        if unbiased:
+            values = values * (flat.size / values.size)
+        return _payload(x, values, words)
+
+    def decompress(p):
+        values, words = p.arrays
+        d = math.prod(p.shape)
+        return jnp.zeros(d, p.dtype).at[indices(words, d)].set(values).reshape(p.shape)
+
+    name = f"rand_k({ratio:g}{', unbiased=True' if unbiased else ''})"
+    return Compressor(name, compress, decompress, unbiased,
+                      (lambda d: None) if unbiased else (lambda d: _count(ratio, d) / d),
+                      (lambda d: d / _count(ratio, d) - 1) if unbiased else (lambda d: None))
+
+
+def _qsgd_bits(levels: int) -> int:
+    """Bits of one code ``sign * level + levels`` in [0, 2 levels]: 2, 4, 8 or 16."""
+    need = math.ceil(math.log2(2 * levels + 1))
+    return next(b for b in (2, 4, 8, 16) if b >= need)
+
+
+def qsgd(levels: int, *, unbiased: bool = True) -> Compressor:
+    r"""QSGD stochastic quantization with ``s = levels`` levels and the 2-norm.
+
+    .. math::
+
+        C(x)_i = \|x\|_2\, \mathrm{sign}(x_i)\, \frac{\ell_i}{s},
+        \qquad \ell_i = \lfloor s |x_i| / \|x\|_2 + u_i \rfloor,\ u_i \sim U[0, 1),
+
+    Unbiased, with :math:`\omega = \min(d / s^2, \sqrt d / s)` (Alistarh et al.,
+    Lemma 3.1). ``unbiased=False`` divides by :math:`\tau = 1 + \omega`, a
+    contraction with :math:`\delta = 1 / \tau` (Koloskova et al.), for CHOCO.
+
+    Payload: each entry's code ``sign * level + s`` in ``b`` bits, the
+    smallest of 2, 4, 8, 16 that holds ``2 s + 1`` values, packed ``8 / b``
+    per byte (uint16 codes for ``b = 16``), and the norm in ``x``'s dtype:
+    ``ceil(d * b / 8) + itemsize`` bytes. ``qsgd(7)`` sends 4 bits per entry,
+    ``qsgd(1)`` 2 bits (ternary).
+    """
+    if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= 32767:
+        raise ValueError(f"jaxfog.compress.qsgd: levels must be an integer in [1, 32767], got "
+                         f"{levels!r}")
+    s, bits = levels, _qsgd_bits(levels)
+
+    def omega(d):
+        return min(d / s**2, math.sqrt(d) / s)
+
+    def compress(x, key, warm=None):
+        x = _check_float("qsgd", x)
+        flat = x.reshape(-1)
+        norm = jnp.linalg.norm(flat.astype(jnp.float32) if flat.dtype.itemsize < 4 else flat)
+        scaled = jnp.abs(flat) / jnp.where(norm > 0, norm, 1).astype(flat.dtype) * s
+        u = jax.random.uniform(_key_data(key), flat.shape, flat.dtype)
+        level = jnp.minimum(jnp.floor(scaled + u), s)
+        codes = (jnp.where(flat < 0, -level, level) + s).astype(jnp.int32)
+        packed = codes.astype(jnp.uint16) if bits == 16 else _pack(codes, bits)
+        return _payload(x, packed, norm.astype(x.dtype))
+
+    def decompress(p):
+        packed, norm = p.arrays
+        d = math.prod(p.shape)
+        codes = packed if bits == 16 else _unpack(packed, bits, d)
+        scale = norm[0] / s / (1.0 if unbiased else 1.0 + omega(d))
+        return ((codes.astype(jnp.int32) - s).astype(p.dtype) * scale).reshape(p.shape)
+
+    name = f"qsgd({levels}{'' if unbiased else ', unbiased=False'})"
+    return Compressor(name, compress, decompress, unbiased,
+                      (lambda d: None) if unbiased else (lambda d: 1 / (1 + omega(d))),
+                      omega if unbiased else (lambda d: None))
+
+
+def sign() -> Compressor:
+    r"""Scaled sign: :math:`C(x) = \frac{\|x\|_1}{d}\, \mathrm{sign}(x)` (0 counts as +).
+
+    Payload: the signs, one bit each, packed 8 per byte, and the scale in
+    ``x``'s dtype: ``ceil(d / 8) + itemsize`` bytes. Biased; deterministic
+    contraction with :math:`\delta = \|x\|_1^2 / (d \|x\|_2^2) \ge 1 / d`
+    (``delta(d)`` reports the worst case, ``1 / d``).
+    """
+    def compress(x, key, warm=None):
+        x = _check_float("sign", x)
+        flat = x.reshape(-1)
+        return _payload(x, _pack(flat >= 0, 1), jnp.mean(jnp.abs(flat)))
+
+    def decompress(p):
+        bits, scale = p.arrays
+        signs = _unpack(bits, 1, math.prod(p.shape)).astype(p.dtype) * 2 - 1
+        return (signs * scale[0]).reshape(p.shape)
+
+    return Compressor("sign()", compress, decompress, False, lambda d: 1 / d, lambda d: None)
+
+
+def _orthonormal(m: Array) -> Array:
+    q, _ = jnp.linalg.qr(m)
+    return q
+
+
+def low_rank(rank: int, *, vectors: Compressor | None = None) -> Compressor:
+    r"""Rank-``r`` approximation by one step of power iteration (PowerGossip).
+
+    A leaf of shape ``(m, ...)`` is the matrix ``M`` of shape ``(m, n)``
+    (trailing axes flattened). With ``Q`` (``n x r``) the previous payload's
+    right factor (``warm``) or, cold, a Gaussian draw from ``key``:
+
+    .. math::
+
+        P = \mathrm{orth}(M Q), \qquad Q' = M^\top P, \qquad C(M) = P Q'^\top
+        = P P^\top M,
+
+    the projection of ``M``'s columns on ``span(M Q)``. Payload: ``P`` and
+    ``Q'``, ``(m + n) * r * itemsize`` bytes (``r`` is capped at ``min(m, n)``).
+    Biased. :math:`\|C(M) - M\| \le \|M\|` always; from a cold start,
+    :math:`\mathbb{E}\,\|C(M) - M\|^2 \le (1 - r/n) \|M\|^2` (``delta(d)``
+    cannot know ``n`` and reports 0, the bound that always holds).
+
+    Matrices only: a 1-D array is a ``ValueError``, unless ``vectors`` names
+    the compressor for vectors (PowerSGD sends them uncompressed:
+    ``vectors=identity()``). Not mergeable: :func:`compress_tree` keeps one
+    group per leaf.
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"jaxfog.compress.low_rank: rank must be a positive integer, got "
+                         f"{rank!r}")
+
+    def matrix(x):
+        return x.reshape(x.shape[0], -1)
+
+    def compress(x, key, warm=None):
+        x = _check_float("low_rank", x)
+        if x.ndim < 2:
+            if vectors is None:
+                raise ValueError(
+                    f"jaxfog.compress.low_rank: compresses matrices, got shape {x.shape}; "
+                    "pass vectors=jaxfog.compress.identity() (or another compressor) for "
+                    "the vectors")
+            inner = vectors.compress(x, key)
+            return Payload(inner.arrays, inner.shape, inner.dtype)
+        m = matrix(x)
+        r = min(rank, *m.shape)
+        if warm is not None and len(warm.arrays) == 2 and warm.arrays[1].shape == (m.shape[1], r):
+            q = warm.arrays[1]
+        else:
+            q = jax.random.normal(_key_data(key), (m.shape[1], r), m.dtype)
+        p = _orthonormal(m @ q)
+        return _payload(x, p, m.T @ p)
+
+    def decompress(p):
+        if len(p.shape) < 2:
+            return vectors.decompress(p)
+        left, right = p.arrays
+        return (left @ right.T).reshape(p.shape)
+
+    name = f"low_rank({rank}{'' if vectors is None else ', vectors=' + vectors.name})"
+    return Compressor(name, compress, decompress, False, lambda d: 0.0, lambda d: None,
+                      warm_start=True, mergeable=False)
+
+
+# --- pytrees in groups (MergeComp) -----------------------------------------
+
+
+Groups = tuple[tuple[int, int], ...]
+
+
+def per_leaf(tree: Tree) -> Groups:
+    """One group per leaf: ``y = number of leaves``."""
+    return tuple((i, i + 1) for i in range(len(jax.tree.leaves(tree))))
+
+
+def balanced(tree: Tree, y: int) -> Groups:
+    """``y`` contiguous groups of leaves with about equal numbers of entries.
+
+    MergeComp's cost model (its Assumption 5: compression and communication
+    times linear in a group's size) makes every partition into ``y`` groups
+    cost the same; balanced groups are the one jaxfog times, since top-k's
+    cost grows faster than linearly with the group's size.
+    """
+    sizes = [math.prod(np.shape(leaf)) for leaf in jax.tree.leaves(tree)]
+    n = len(sizes)
+    if isinstance(y, bool) or not isinstance(y, int) or not 1 <= y <= max(n, 1):
+        raise ValueError(f"jaxfog.compress.balanced: y must be in [1, {n}], got {y!r}")
+    total, groups, start, done = sum(sizes), [], 0, 0
+    for g in range(y):
+        stop = start + 1
+        done += sizes[start]
+        # Extend while the group stays under its share and leaves remain for the rest.
+        while stop < n - (y - g - 1) and done + sizes[stop] / 2 <= total * (g + 1) / y:
+            done += sizes[stop]
+            stop += 1
+        if g == y - 1:
+            done += sum(sizes[stop:])
+            stop = n
+        groups.append((start, stop))
+        start = stop
+    return tuple(groups)
+
+
+def check_groups(compressor: Compressor, tree: Tree, groups: Groups) -> Groups:
+    """``groups`` if they cover ``tree``'s leaves in order and suit ``compressor``."""
+    leaves = jax.tree.leaves(tree)
+    groups = tuple((int(a), int(b)) for a, b in groups)
+    starts = [a for a, _ in groups]
+    if (not groups or starts[0] != 0 or groups[-1][1] != len(leaves)
+            or any(b <= a for a, b in groups)
+            or any(b != a for (_, b), (a, _) in zip(groups, groups[1:]))):
+        raise ValueError(f"jaxfog.compress: groups {groups} do not cover the {len(leaves)} "
+                         "leaves in contiguous, non-empty runs")
+    for a, b in groups:
+        if b - a > 1 and not compressor.mergeable:
+            raise ValueError(f"jaxfog.compress: {compressor.name} compresses leaf by leaf; "
+                             "it cannot merge leaves (use per_leaf groups)")
+        dtypes = {jnp.result_type(leaf) for leaf in leaves[a:b]}
+        if len(dtypes) > 1:
+            raise ValueError(f"jaxfog.compress: group {(a, b)} mixes dtypes "
+                             f"{sorted(map(str, dtypes))}; a merged group has one")
+    return groups
+
+
+def merge(tree: Tree, groups: Groups) -> list[Array]:
+    """The groups of ``tree``'s leaves: a lone leaf as it is, several flattened
+    and concatenated into one vector."""
+    leaves = [jnp.asarray(leaf) for leaf in jax.tree.leaves(tree)]
+    return [leaves[a] if b - a == 1 else jnp.concatenate([leaf.reshape(-1) for leaf in leaves[a:b]])
+            for a, b in groups]
+
+
+def split(parts: Sequence[Array], like: Tree, groups: Groups) -> Tree:
+    """The inverse of :func:`merge`: a tree shaped like ``like``."""
+    leaves, treedef = jax.tree.flatten(like)
+    out = []
+    for part, (a, b) in zip(parts, groups):
+        if b - a == 1:
+            out.append(part.reshape(np.shape(leaves[a])))
+            continue
+        offset = 0
+        for leaf in leaves[a:b]:
+            size = math.prod(np.shape(leaf))
+            out.append(part[offset:offset + size].reshape(np.shape(leaf)))
+            offset += size
+    return jax.tree.unflatten(treedef, out)
+
+
+def compress_groups(compressor: Compressor, parts: Sequence[Array], key: Array,
+                    warm: Sequence[Payload] | None = None) -> list[Payload]:
+    """Compresses each group with its own key, ``fold_in(key, group)``."""
+    return [compressor.compress(part, jax.random.fold_in(key, g),
+                                None if warm is None else warm[g])
+            for g, part in enumerate(parts)]
+
+
+def compress_tree(compressor: Compressor, tree: Tree, key: Array,
+                  groups: Groups | None = None) -> list[Payload]:
+    """``tree``'s payloads, one per group (default :func:`per_leaf`)."""
+    groups = check_groups(compressor, tree, per_leaf(tree) if groups is None else groups)
+    return compress_groups(compressor, merge(tree, groups), key)
+
+
+def decompress_tree(compressor: Compressor, payloads: Sequence[Payload], like: Tree,
+                    groups: Groups | None = None) -> Tree:
+    """The tree :func:`compress_tree`'s payloads stand for, shaped like ``like``."""
+    groups = per_leaf(like) if groups is None else groups
+    return split([compressor.decompress(p) for p in payloads], like, groups)
+
+
+def tree_bytes(compressor: Compressor, tree: Tree, groups: Groups | None = None) -> int:
+    """Bytes of one message carrying ``tree``'s payloads."""
+    groups = check_groups(compressor, tree, per_leaf(tree) if groups is None else groups)
+    shapes = jax.eval_shape(lambda t: merge(t, groups), tree)
+    return sum(compressor.bytes(s) for s in shapes)
+
+
+# --- MergeComp's search --------------------------------------------------------
+
+
+class SearchResult(NamedTuple):
+    """What :func:`search` chose and what it measured."""
+
+    #: The chosen grouping.
+    groups: Groups
+    #: ``(y, seconds)`` for every grouping timed, in the order timed.
+    timings: tuple[tuple[int, float], ...]
+
+
+_SEARCHES: dict[Any, SearchResult] = {}
+
+
+def _signature(compressor: Compressor, tree: Tree) -> Any:
+    leaves, treedef = jax.tree.flatten(tree)
+    return (compressor.name, str(treedef),
+            tuple((tuple(np.shape(x)), str(jnp.result_type(x))) for x in leaves),
+            runtime.size() if runtime.is_initialized() else None)
+
+
+def unstack(payload: Payload, k: int) -> Payload:
+    """A gathered payload (``k`` payloads concatenated on axis 0, as
+    :func:`jaxfog.neighbor_allgather` returns them) as one batched on a new
+    leading axis of size ``k``; ``jax.vmap(decompress)`` then decompresses all."""
+    return Payload(tuple(a.reshape(k, a.shape[0] // k, *a.shape[1:]) for a in payload.arrays),
+                   payload.shape, payload.dtype)
+
+
+def exchange_timer(compressor: Compressor, tree: Tree, *, repeats: int = 5) -> Callable:
+    """``timer(groups) -> seconds``: the median time of one compiled round of
+    compressing ``tree`` in ``groups``, exchanging the payloads with the
+    in-neighbours (:func:`jaxfog.neighbor_allgather`) and decompressing them.
+    On MPI every rank returns the mean over ranks, so all choose alike;
+    without :func:`jaxfog.init` (e.g. before a simulation) it times
+    compression and decompression alone.
+    """
+    exchange = runtime.is_initialized()
+
+    def timer(groups):
+        def round_trip(t, key):
+            payloads = compress_groups(compressor, merge(t, groups), key)
+            if exchange:
+                got = neighbor_allgather(payloads)
+                payloads = [unstack(g, g.arrays[0].shape[0] // p.arrays[0].shape[0])
+                            for g, p in zip(got, payloads)]
+                return [jax.vmap(compressor.decompress)(p).sum(0) for p in payloads]
+            return [compressor.decompress(p) for p in payloads]
+
+        step = jax.jit(round_trip)
+        key = jax.random.key(0)
+        jax.block_until_ready(step(tree, key))
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(step(tree, key))
+            times.append(time.perf_counter() - start)
+        median = float(np.median(times))
+        if exchange:
+            median = float(allreduce(jnp.asarray([median], jnp.float32))[0])
+        return median
+
+    return timer
+
+
+def search(compressor: Compressor, tree: Tree, timer: Callable[[Groups], float] | None = None,
+           *, max_groups: int | None = None, alpha: float = 0.05,
+           cache: bool = True) -> SearchResult:
+    """MergeComp's search for the grouping of ``tree``'s leaves (Algorithm 2).
+
+    Starting from one group, it times :func:`balanced` groupings with
+    ``y = 1, 2, ...`` up to ``max_groups`` (default: the number of leaves, the
+    other end) and stops at the first ``y`` that is slower than ``y - 1``
+    (keeping ``y - 1``) or gains less than ``alpha`` of ``y - 1``'s time
+    (keeping ``y``). The result is cached per model signature (the tree's
+    structure, shapes and dtypes, the compressor and the number of agents)
+    for the life of the process.
+
+    Args:
+      compressor: what compresses each group; one that is not ``mergeable``
+        (low-rank) gets :func:`per_leaf` groups without a search.
+      tree: the pytree to be compressed (e.g. the parameters).
+      timer: ``timer(groups) -> seconds`` for one step with those groups;
+        default :func:`exchange_timer`. On MPI it must return the same on
+        every rank (the default does).
+      max_groups: ``Y`` in the paper.
+      alpha: the smallest relative gain that continues the search.
+      cache: look up and store the result.
+
+    Returns:
+      A :class:`SearchResult`: the groups and every ``(y, seconds)`` timed.
+    """
+    n = len(jax.tree.leaves(tree))
+    if not compressor.mergeable:
+        return SearchResult(per_leaf(tree), ())
+    if not 0 < alpha < 1:
+        raise ValueError(f"jaxfog.compress.search: alpha must be in (0, 1), got {alpha!r}")
+    signature = _signature(compressor, tree)
+    if cache and signature in _SEARCHES:
+        return _SEARCHES[signature]
+    timer = exchange_timer(compressor, tree) if timer is None else timer
+    best = balanced(tree, 1)
+    best_time = timer(best)
+    timings = [(1, best_time)]
+    for y in range(2, min(n, max_groups or n) + 1):
+        groups = balanced(tree, y)
+        seconds = timer(groups)
+        timings.append((y, seconds))
+        if seconds > best_time:
+            break
+        gain = best_time - seconds
+        best, best_time = groups, seconds
+        if gain < alpha * timings[-2][1]:
+            break
+    result = SearchResult(best, tuple(timings))
+    if cache:
+        _SEARCHES[signature] = result
+    return result
