@@ -519,12 +519,14 @@ def _signature(compressor: Compressor, tree: Tree) -> Any:
             runtime.size() if runtime.is_initialized() else None)
 
 
-def unstack(payload: Payload, k: int) -> Payload:
-    """A gathered payload (``k`` payloads concatenated on axis 0, as
-    :func:`jaxfog.neighbor_allgather` returns them) as one batched on a new
-    leading axis of size ``k``; ``jax.vmap(decompress)`` then decompresses all."""
-    return Payload(tuple(a.reshape(k, a.shape[0] // k, *a.shape[1:]) for a in payload.arrays),
-                   payload.shape, payload.dtype)
+def unstack(gathered: Payload, like: Payload) -> Payload:
+    """A gathered payload (``k`` payloads shaped like ``like`` concatenated on
+    axis 0, as :func:`jaxfog.neighbor_allgather` returns them) as one batched
+    on a new leading axis of size ``k``; ``jax.vmap(decompress)`` then
+    decompresses all ``k``."""
+    k = gathered.arrays[0].shape[0] // like.arrays[0].shape[0]
+    return Payload(tuple(a.reshape(k, *b.shape) for a, b in zip(gathered.arrays, like.arrays)),
+                   like.shape, like.dtype)
 
 
 def exchange_timer(compressor: Compressor, tree: Tree, *, repeats: int = 5) -> Callable:
@@ -542,8 +544,7 @@ def exchange_timer(compressor: Compressor, tree: Tree, *, repeats: int = 5) -> C
             payloads = compress_groups(compressor, merge(t, groups), key)
             if exchange:
                 got = neighbor_allgather(payloads)
-                payloads = [unstack(g, g.arrays[0].shape[0] // p.arrays[0].shape[0])
-                            for g, p in zip(got, payloads)]
+                payloads = [unstack(g, p) for g, p in zip(got, payloads)]
                 return [jax.vmap(compressor.decompress)(p).sum(0) for p in payloads]
             return [compressor.decompress(p) for p in payloads]
 

@@ -76,8 +76,11 @@ import numpy as np
 import optax
 from jax import lax
 
+from jaxfog import _compressed as CG
+from jaxfog import compress as C
 from jaxfog import runtime
 from jaxfog import topology as T
+from jaxfog._compressed import BeerState, ChocoState, ErrorFeedbackState, beer, choco
 from jaxfog.ops import allreduce, hierarchical_neighbor_allreduce, neighbor_allreduce
 from jaxfog.ops.window import (win_accumulate, win_create, win_update_then_collect,
                                win_weight)
@@ -228,8 +231,9 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
 
 
 def awc(inner: optax.GradientTransformation, *, topology: Any = None,
-        communication: str = "neighbor",
-        global_every: int | None = None) -> optax.GradientTransformationExtraArgs:
+        communication: str = "neighbor", global_every: int | None = None,
+        compressor: C.Compressor | None = None, gamma: float = 1.0, groups: Any = None,
+        seed: int = 0) -> optax.GradientTransformationExtraArgs:
     r"""Adapt with combine (decentralized gradient descent): average, add the local update.
 
     .. math::
@@ -249,15 +253,35 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
     (BlueFog paper, section V-A). ``communication`` and ``global_every``
     replace :math:`W` as in :func:`atc`.
 
+    With a ``compressor`` :math:`C`, what is sent is compressed with error
+    feedback (DeepSqueeze):
+
+    .. math::
+
+        p_i^k = x_i^k + e_i^k, \qquad \hat y_i^k = C(p_i^k), \qquad
+        e_i^{k+1} = p_i^k - \hat y_i^k, \\
+        x_i^{k+1} = x_i^k + \gamma \sum_j W_{ij} (\hat y_j^k - \hat y_i^k) + u_i^k,
+
+    the residual :math:`e` (zero at the start) carrying what compression left
+    out into the next step. Only the payloads travel. With a doubly
+    stochastic :math:`W` the network average moves only by the updates; with
+    ``identity()`` and ``gamma=1`` this is plain ``awc``.
+
     Args:
       inner: the local optimizer, any optax transformation. Its ``update``
         receives the local gradient, its state, the unmixed ``params`` and the
         extra keyword arguments given to this ``update``.
-      topology, communication, global_every: as for :func:`atc`.
+      topology, communication, global_every: as for :func:`atc` (with a
+        compressor: neighbour communication only).
+      compressor: a :class:`jaxfog.compress.Compressor`, or ``None`` (dense).
+      gamma: the consensus step size with a compressor, in (0, 1].
+      groups, seed: how leaves are grouped and the keys' seed, as for
+        :func:`choco`.
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is a
-      :class:`DiffusionState` (the inner state and the step counter).
+      :class:`DiffusionState` (the inner state and the step counter), or an
+      :class:`ErrorFeedbackState` with a compressor.
       ``update(grads, state, params, **extra)`` needs ``params``
       (``ValueError`` without) and returns :math:`x_i^{k+1} - x_i^k`, so it
       must be the last element of a chain.
@@ -283,6 +307,12 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
       section V-A.
     """
     _check_global_every(global_every)
+    if compressor is not None:
+        if communication != "neighbor" or global_every is not None:
+            raise ValueError("jaxfog.optax.awc: a compressor compresses neighbour "
+                             "communication; communication= and global_every= do not apply")
+        return _compressed_awc(inner, topology, CG.check_compressor("awc", compressor),
+                               CG.check_gamma("awc", gamma), groups, seed)
 
     def init(params):
         return DiffusionState(inner.init(params), jnp.zeros([], jnp.int32))
@@ -297,8 +327,32 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-def gradient_allreduce(inner: optax.GradientTransformation
-                       ) -> optax.GradientTransformationExtraArgs:
+def _compressed_awc(inner: optax.GradientTransformation, topology: Any,
+                    compressor: C.Compressor, gamma: float, groups: Any,
+                    seed: int) -> optax.GradientTransformationExtraArgs:
+    plan: dict[str, Any] = {}
+
+    def init(params):
+        plan["groups"], state = CG.feedback_init(compressor, groups, params, inner.init(params),
+                                                 seed)
+        return state
+
+    def update(grads, state, params=None, **extra):
+        _need_params("awc", params)
+        plan.setdefault("groups", CG.resolve_groups(compressor, params, groups))
+        payloads, residual = CG.feedback(compressor, plan["groups"], params, state)
+        mix = C.split(CG.neighbor_mix(compressor, topology, plan, payloads, state.count),
+                      params, plan["groups"])
+        u, inner_state = inner.update(grads, state.inner, params, **extra)
+        return (jax.tree.map(lambda m, d: gamma * m + d, mix, u),
+                ErrorFeedbackState(inner_state, residual, state.key, state.count + 1))
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def gradient_allreduce(inner: optax.GradientTransformation, *,
+                       compressor: C.Compressor | None = None, groups: Any = None,
+                       seed: int = 0) -> optax.GradientTransformationExtraArgs:
     r"""Global gradient averaging (Horovod-style data parallelism), the baseline.
 
     .. math::
@@ -313,14 +367,32 @@ def gradient_allreduce(inner: optax.GradientTransformation
     compared with. No topology is involved (one :func:`jaxfog.allreduce` per
     step).
 
+    With a ``compressor`` :math:`C`, every agent sends its compressed
+    gradient with error feedback (EF-SGD) and averages what all sent:
+
+    .. math::
+
+        p_i^k = g_i^k + e_i^k, \qquad e_i^{k+1} = p_i^k - C(p_i^k), \qquad
+        u_i^k = \mathrm{inner}\Big( \frac1n \sum_j C(p_j^k) \Big),
+
+    so that, summed over steps, the averaged gradients differ from the true
+    ones only by the residuals left: :math:`\sum_k \frac1n \sum_j
+    C(p_j^k) = \frac1n \sum_j (\sum_k g_j^k - e_j^{K})`. The payloads
+    travel in one :func:`jaxfog.allgather` per step.
+
     Args:
       inner: the optimizer applied to the averaged gradient. Its ``update``
         also receives ``params`` and the extra keyword arguments given to this
         ``update``.
+      compressor: a :class:`jaxfog.compress.Compressor`, or ``None`` (a dense
+        allreduce).
+      groups, seed: how leaves are grouped and the keys' seed, as for
+        :func:`choco`.
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is ``inner``'s
-      own (its ``init`` is ``inner.init``) and whose updates are ``inner``'s.
+      own (its ``init`` is ``inner.init``), or with a compressor an
+      :class:`ErrorFeedbackState`, and whose updates are ``inner``'s.
       ``update(grads, state, params=None, **extra)`` needs ``params`` only if
       ``inner`` does.
 
@@ -335,10 +407,28 @@ def gradient_allreduce(inner: optax.GradientTransformation
       Sergeev, Del Balso. *Horovod: fast and easy distributed deep learning in
       TensorFlow*. arXiv:1802.05799, 2018.
     """
-    def update(grads, state, params=None, **extra):
-        return inner.update(allreduce(grads), state, params, **extra)
+    if compressor is None:
+        def update(grads, state, params=None, **extra):
+            return inner.update(allreduce(grads), state, params, **extra)
 
-    return optax.GradientTransformationExtraArgs(inner.init, update)
+        return optax.GradientTransformationExtraArgs(inner.init, update)
+
+    CG.check_compressor("gradient_allreduce", compressor)
+    plan: dict[str, Any] = {}
+
+    def init(params):
+        plan["groups"], state = CG.feedback_init(compressor, groups, params, inner.init(params),
+                                                 seed)
+        return state
+
+    def update_compressed(grads, state, params=None, **extra):
+        plan.setdefault("groups", CG.resolve_groups(compressor, grads, groups))
+        payloads, residual = CG.feedback(compressor, plan["groups"], grads, state)
+        mean = C.split(CG.mean_of_all(compressor, payloads), grads, plan["groups"])
+        u, inner_state = inner.update(mean, state.inner, params, **extra)
+        return u, ErrorFeedbackState(inner_state, residual, state.key, state.count + 1)
+
+    return optax.GradientTransformationExtraArgs(init, update_compressed)
 
 
 # --- exact methods ------------------------------------------------------------
@@ -834,6 +924,7 @@ def push_diging(learning_rate: float, *, topology: Any = None
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-__all__ = ["DiffusionState", "ExactDiffusionState", "PushDigingState", "PushSumState",
-           "TrackingState", "atc", "awc", "column_stochastic", "exact_diffusion",
-           "gradient_allreduce", "gradient_tracking", "push_diging", "push_sum"]
+__all__ = ["BeerState", "ChocoState", "DiffusionState", "ErrorFeedbackState",
+           "ExactDiffusionState", "PushDigingState", "PushSumState", "TrackingState", "atc",
+           "awc", "beer", "choco", "column_stochastic", "exact_diffusion", "gradient_allreduce",
+           "gradient_tracking", "push_diging", "push_sum"]

@@ -1,0 +1,441 @@
+r"""Compressed gossip as optax transformations (exported by :mod:`jaxfog.optax`).
+
+Every agent sends its compressed payload (:mod:`jaxfog.compress`) to its
+out-neighbours in one fused message per peer (:func:`jaxfog.neighbor_allgather`
+of the payloads' pytree) and keeps *public copies* :math:`\hat x_j` of itself
+and of each in-neighbour, updated with the same decompressed values on the
+sender and on the receivers, so the copies agree bit for bit.
+
+Time-varying graphs (a :class:`~jaxfog.topology.Schedule`): the rule for the
+public copies of neighbours that come and go is that none ever goes stale.
+Every agent keeps copies of the union of its in-neighbours over the period and
+sends its payload to the union of its out-neighbours at every step; the mixing
+uses the step's weights. The price is the union graph's bandwidth.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxfog import compress as C
+from jaxfog import runtime
+from jaxfog import topology as T
+from jaxfog.ops import allgather, neighbor_allgather
+
+Tree = Any
+Parts = list  # one array per group of leaves (jaxfog.compress.merge)
+
+
+# --- who talks to whom --------------------------------------------------------
+
+
+class Links(NamedTuple):
+    """The union graph of a topology or schedule, and its weights per step."""
+
+    #: ``sources[i]``: agent i's in-neighbours over the period, ascending.
+    sources: list[list[int]]
+    #: ``dests[i]``: its out-neighbours over the period.
+    dests: list[list[int]]
+    #: ``weights[t, i, m] = W_t[i, sources[i][m]]``, padded with zeros to the
+    #: largest in-degree (simulated agents pad their sources with themselves).
+    weights: np.ndarray
+
+
+def links(topology: Any) -> Links:
+    graph = runtime.load_topology() if topology is None else topology
+    entries = list(graph) if isinstance(graph, T.Schedule) else [graph]
+    if not entries or not all(isinstance(t, T.Topology) for t in entries):
+        raise TypeError(f"expected a Topology or Schedule, got {type(graph).__name__}")
+    n = entries[0].size
+    edges = np.zeros((n, n), bool)
+    for t in entries:
+        edges |= t.weights != 0
+    np.fill_diagonal(edges, False)
+    sources = [list(np.flatnonzero(edges[i])) for i in range(n)]
+    dests = [list(np.flatnonzero(edges[:, i])) for i in range(n)]
+    k = max(1, max(len(s) for s in sources))
+    weights = np.zeros((len(entries), n, k))
+    for p, t in enumerate(entries):
+        for i in range(n):
+            weights[p, i, :len(sources[i])] = t.weights[i, sources[i]]
+    return Links([[int(j) for j in s] for s in sources], [[int(j) for j in d] for d in dests],
+                 weights)
+
+
+def _on_mpi() -> bool:
+    return isinstance(runtime.rank(), (int, np.integer))
+
+
+def degree(links: Links) -> int:
+    """How many neighbour copies this agent keeps (padded on simulated agents)."""
+    return len(links.sources[runtime.rank()]) if _on_mpi() else links.weights.shape[2]
+
+
+def row(links: Links, count: jax.Array) -> jax.Array:
+    """This agent's weights for its copies at step ``count``."""
+    table = links.weights
+    if _on_mpi():
+        r = runtime.rank()
+        mine = table[:, r, :len(links.sources[r])]
+        return jnp.asarray(mine)[count % table.shape[0]]
+    return jnp.asarray(table)[count % table.shape[0], runtime.rank()]
+
+
+def exchange(links: Links, payloads: Sequence[C.Payload]) -> list[C.Payload]:
+    """The in-neighbours' payloads, each batched on a leading axis (one
+    message per peer for all groups)."""
+    if _on_mpi():
+        r = runtime.rank()
+        got = neighbor_allgather(list(payloads), src_ranks=links.sources[r],
+                                 dst_ranks=links.dests[r])
+    else:
+        k = links.weights.shape[2]
+        padded = np.array([s + [i] * (k - len(s)) for i, s in enumerate(links.sources)],
+                          dtype=np.int32)
+        got = neighbor_allgather(list(payloads), src_ranks=padded)
+    return [C.unstack(g, p) for g, p in zip(got, payloads)]
+
+
+# --- public copies ---------------------------------------------------------------
+
+
+class Copies(NamedTuple):
+    """Public copies of one compressed quantity, per group of leaves."""
+
+    #: :math:`\hat x_i`, this agent's public copy.
+    own: Parts
+    #: :math:`\hat x_j` of the in-neighbours, stacked on axis 0 per group.
+    neighbors: Parts
+    #: The last payloads sent (warm start of low-rank), else ``()``.
+    warm: tuple
+
+
+def copies(compressor: C.Compressor, parts: Parts, k: int, key: jax.Array) -> Copies:
+    zeros = [jnp.zeros_like(p) for p in parts]
+    warm = (tuple(C.compress_groups(compressor, zeros, key)) if compressor.warm_start else ())
+    return Copies(zeros, [jnp.zeros((k, *p.shape), p.dtype) for p in parts], warm)
+
+
+def compress(compressor: C.Compressor, target: Parts, state: Copies, key: jax.Array
+             ) -> list[C.Payload]:
+    """Payloads of ``target - own copy``, group by group."""
+    diff = [t - h for t, h in zip(target, state.own)]
+    return C.compress_groups(compressor, diff, key, state.warm or None)
+
+
+def receive(compressor: C.Compressor, state: Copies, mine: Sequence[C.Payload],
+            theirs: Sequence[C.Payload]) -> Copies:
+    """Adds every decompressed difference to its copy."""
+    own = [h + compressor.decompress(p) for h, p in zip(state.own, mine)]
+    neighbors = [h + jax.vmap(compressor.decompress)(p)
+                 for h, p in zip(state.neighbors, theirs)]
+    return Copies(own, neighbors, tuple(mine) if state.warm else ())
+
+
+def mixing(state: Copies, weights: jax.Array) -> Parts:
+    r""":math:`\sum_j W_{ij} (\hat x_j - \hat x_i)` per group."""
+    return [jnp.tensordot(weights.astype(h.dtype), n, axes=1) - jnp.sum(weights).astype(h.dtype) * h
+            for h, n in zip(state.own, state.neighbors)]
+
+
+# --- argument checks ----------------------------------------------------------------
+
+
+def check_compressor(what: str, compressor: Any) -> C.Compressor:
+    if not isinstance(compressor, C.Compressor):
+        raise TypeError(f"jaxfog.optax.{what}: compressor must be a jaxfog.compress "
+                        f"Compressor, got {type(compressor).__name__}")
+    return compressor
+
+
+def check_gamma(what: str, gamma: Any) -> float:
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 < gamma <= 1:
+        raise ValueError(f"jaxfog.optax.{what}: gamma must be in (0, 1], got {gamma!r}")
+    return float(gamma)
+
+
+def resolve_groups(compressor: C.Compressor, tree: Tree, groups: Any) -> C.Groups:
+    """``None``: one group per leaf; an int ``y``: :func:`~jaxfog.compress.balanced`;
+    else the groups themselves (e.g. :func:`~jaxfog.compress.search`'s)."""
+    if groups is None:
+        groups = C.per_leaf(tree)
+    elif isinstance(groups, int) and not isinstance(groups, bool):
+        groups = C.balanced(tree, groups)
+    elif isinstance(groups, C.SearchResult):
+        groups = groups.groups
+    return C.check_groups(compressor, tree, groups)
+
+
+def agent_key(seed: int) -> jax.Array:
+    """This agent's base key (raw uint32 words): ``fold_in(PRNGKey(seed), rank)``."""
+    return jax.random.fold_in(jax.random.PRNGKey(seed), runtime.rank())
+
+
+def step_key(key: jax.Array, count: jax.Array) -> jax.Array:
+    return jax.random.fold_in(key, count)
+
+
+def need_params(what: str, params: Any) -> None:
+    if params is None:
+        raise ValueError(f"jaxfog.optax.{what}: update() needs params "
+                         "(call update(grads, state, params))")
+
+
+# --- CHOCO-SGD ---------------------------------------------------------------------
+
+
+class ChocoState(NamedTuple):
+    """State of :func:`choco`."""
+
+    #: The inner transformation's state.
+    inner: optax.OptState
+    #: The public copies :math:`\hat x` (zeros after ``init``).
+    public: Copies
+    #: This agent's base key (raw uint32 words).
+    key: jax.Array
+    #: Number of ``update`` calls so far (an int32 scalar).
+    count: jax.Array
+
+
+def choco(inner: optax.GradientTransformation, *, compressor: C.Compressor, gamma: float,
+          topology: Any = None, groups: Any = None, seed: int = 0
+          ) -> optax.GradientTransformationExtraArgs:
+    r"""CHOCO-SGD: decentralized SGD that sends compressed differences.
+
+    .. math::
+
+        x_i^{k+1/2} &= x_i^k + u_i^k, \\
+        q_i^k &= C\big(x_i^{k+1/2} - \hat x_i^k\big)
+        \quad \text{(sent to the out-neighbours)}, \\
+        \hat x_j^{k+1} &= \hat x_j^k + q_j^k
+        \quad \text{for } j = i \text{ and every in-neighbour } j, \\
+        x_i^{k+1} &= x_i^{k+1/2} + \gamma \sum_j W_{ij}
+        \big(\hat x_j^{k+1} - \hat x_i^{k+1}\big),
+
+    where :math:`u_i^k` is ``inner``'s update from the local gradient,
+    :math:`C` the compressor (applied per group of leaves, key
+    ``fold_in(fold_in(PRNGKey(seed), rank), k)`` folded with the group) and
+    :math:`\hat x` the public copies, zero at the start. Only
+    :math:`q` travels: :math:`C`'s payload, in one message per peer. With a
+    doubly stochastic :math:`W` the network average moves only by the
+    updates :math:`u`; with ``inner = optax.sgd(0)`` this is CHOCO-Gossip,
+    which reaches consensus linearly for a contraction :math:`C` and
+    :math:`\gamma` small enough (about :math:`\delta` times the spectral gap).
+
+    Args:
+      inner: the local optimizer, any optax transformation.
+      compressor: a :class:`jaxfog.compress.Compressor` (a contraction: use
+        the biased forms of ``rand_k`` and ``qsgd``, or a small ``gamma``).
+      gamma: the consensus step size, in (0, 1].
+      topology: :math:`W`: a :class:`~jaxfog.topology.Topology`, a
+        :class:`~jaxfog.topology.Schedule` (see :mod:`jaxfog.optax` for the
+        rule on neighbours that come and go) or ``None``, the current one when
+        ``init`` runs.
+      groups: how leaves are merged before compression: ``None`` (one group
+        per leaf), an int ``y`` (:func:`jaxfog.compress.balanced`), explicit
+        groups or a :func:`jaxfog.compress.search` result.
+      seed: the seed of the compressors' keys.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is a
+      :class:`ChocoState`; ``update(grads, state, params, **extra)`` needs
+      ``params`` and returns :math:`x_i^{k+1} - x_i^k` (last in a chain).
+
+    Example::
+
+        optimizer = jaxfog.optax.choco(optax.sgd(0.1),
+                                       compressor=jaxfog.compress.top_k(0.01), gamma=0.2)
+
+    References:
+      Koloskova, Stich, Jaggi. *Decentralized Stochastic Optimization and
+      Gossip Algorithms with Compressed Communication*. ICML, 2019.
+    """
+    check_compressor("choco", compressor)
+    gamma = check_gamma("choco", gamma)
+    plan: dict[str, Any] = {}
+
+    def init(params):
+        plan.update(links=links(topology), groups=resolve_groups(compressor, params, groups))
+        key = agent_key(seed)
+        parts = C.merge(params, plan["groups"])
+        return ChocoState(inner.init(params),
+                          copies(compressor, parts, degree(plan["links"]), key), key,
+                          jnp.zeros([], jnp.int32))
+
+    def update(grads, state, params=None, **extra):
+        need_params("choco", params)
+        if not plan:
+            init(params)
+        u, inner_state = inner.update(grads, state.inner, params, **extra)
+        half = C.merge(optax.apply_updates(params, u), plan["groups"])
+        mine = compress(compressor, half, state.public, step_key(state.key, state.count))
+        public = receive(compressor, state.public, mine, exchange(plan["links"], mine))
+        weights = row(plan["links"], state.count)
+        new = [x + gamma * m for x, m in zip(half, mixing(public, weights))]
+        x = C.split(new, params, plan["groups"])
+        return (jax.tree.map(lambda a, b: a - b, x, params),
+                ChocoState(inner_state, public, state.key, state.count + 1))
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+# --- BEER ----------------------------------------------------------------------------
+
+
+class BeerState(NamedTuple):
+    """State of :func:`beer`."""
+
+    #: The tracker :math:`v^{k-1}` (zeros after ``init``).
+    tracker: Parts
+    #: The gradient :math:`g^{k-1}` (zeros after ``init``).
+    prev_grads: Parts
+    #: Public copies :math:`H` of the parameters.
+    public_x: Copies
+    #: Public copies :math:`G` of the tracker.
+    public_v: Copies
+    #: This agent's base key (raw uint32 words).
+    key: jax.Array
+    #: Number of ``update`` calls so far (an int32 scalar).
+    count: jax.Array
+
+
+def beer(learning_rate: float, *, compressor: C.Compressor, gamma: float,
+         topology: Any = None, groups: Any = None, seed: int = 0
+         ) -> optax.GradientTransformationExtraArgs:
+    r"""BEER: gradient tracking with compressed differences; exact with any contraction.
+
+    .. math::
+
+        v_i^k &= v_i^{k-1} + \gamma \sum_j W_{ij} (G_j^{k-1} - G_i^{k-1})
+                 + g_i^k - g_i^{k-1}, &
+        G_j^k &= G_j^{k-1} + C(v_j^k - G_j^{k-1}), \\
+        x_i^{k+1} &= x_i^k + \gamma \sum_j W_{ij} (H_j^k - H_i^k) - a\, v_i^k, &
+        H_j^{k+1} &= H_j^k + C(x_j^{k+1} - H_j^k),
+
+    with :math:`v^{-1} = g^{-1} = G^{-1} = H^0 = 0`, :math:`a` the learning
+    rate, :math:`g_i^k` the local gradient at :math:`x_i^k` and :math:`H`,
+    :math:`G` the public copies of the parameters and of the tracker (kept
+    for this agent and its in-neighbours, as in :func:`choco`). Both
+    compressed differences travel in one message per peer per step. With a
+    doubly stochastic :math:`W` the trackers' average is the average gradient,
+    so with a constant step size the agents reach the exact optimum of
+    :math:`\sum_i f_i` on heterogeneous data, for biased contractions (top-k,
+    sign) as well.
+
+    Why BEER rather than LEAD: BEER needs only a contraction, so top-k and
+    sign qualify; LEAD's analysis assumes an unbiased compressor. BEER is
+    also jaxfog's :func:`gradient_tracking` with compressed exchanges.
+
+    Args:
+      learning_rate: the constant step size :math:`a`.
+      compressor, gamma, topology, groups, seed: as for :func:`choco`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is a
+      :class:`BeerState`; ``update(grads, state, params)`` needs ``params``
+      and returns :math:`x_i^{k+1} - x_i^k`. Use it alone.
+
+    References:
+      Zhao, Li, Richtárik, Chi. *BEER: Fast O(1/T) Rate for Decentralized
+      Nonconvex Optimization with Communication Compression*. NeurIPS, 2022.
+    """
+    check_compressor("beer", compressor)
+    gamma = check_gamma("beer", gamma)
+    plan: dict[str, Any] = {}
+
+    def init(params):
+        plan.update(links=links(topology), groups=resolve_groups(compressor, params, groups))
+        key = agent_key(seed)
+        parts = C.merge(params, plan["groups"])
+        k = degree(plan["links"])
+        zeros = [jnp.zeros_like(p) for p in parts]
+        return BeerState(zeros, zeros, copies(compressor, parts, k, key),
+                         copies(compressor, parts, k, jax.random.fold_in(key, 1)), key,
+                         jnp.zeros([], jnp.int32))
+
+    def update(grads, state, params=None, **extra):
+        need_params("beer", params)
+        if not plan:
+            init(params)
+        groups_, weights = plan["groups"], row(plan["links"], state.count)
+        g = C.merge(grads, groups_)
+        v = [t + gamma * m + a - b for t, m, a, b in
+             zip(state.tracker, mixing(state.public_v, weights), g, state.prev_grads)]
+        x = C.merge(params, groups_)
+        x_new = [p + gamma * m - learning_rate * t for p, m, t in
+                 zip(x, mixing(state.public_x, weights), v)]
+        key = step_key(state.key, state.count)
+        mine_x = compress(compressor, x_new, state.public_x, key)
+        mine_v = compress(compressor, v, state.public_v, jax.random.fold_in(key, 1 << 20))
+        theirs = exchange(plan["links"], mine_x + mine_v)
+        n = len(mine_x)
+        public_x = receive(compressor, state.public_x, mine_x, theirs[:n])
+        public_v = receive(compressor, state.public_v, mine_v, theirs[n:])
+        out = C.split(x_new, params, groups_)
+        return (jax.tree.map(lambda a, b: a - b, out, params),
+                BeerState(v, g, public_x, public_v, state.key, state.count + 1))
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+# --- error feedback for gradient_allreduce and awc ---------------------------------------
+
+
+class ErrorFeedbackState(NamedTuple):
+    """State of :func:`~jaxfog.optax.gradient_allreduce` and
+    :func:`~jaxfog.optax.awc` with a compressor."""
+
+    #: The wrapped transformation's state.
+    inner: optax.OptState
+    #: The residual :math:`e` (what compression left out so far), per group.
+    residual: Parts
+    #: This agent's base key (raw uint32 words).
+    key: jax.Array
+    #: Number of ``update`` calls so far (an int32 scalar).
+    count: jax.Array
+
+
+def feedback(compressor: C.Compressor, groups: C.Groups, value: Tree,
+             state: ErrorFeedbackState) -> tuple[list[C.Payload], Parts]:
+    r"""EF: :math:`p = v + e`, payload :math:`C(p)`, new residual :math:`p - C(p)`."""
+    p = [v + e for v, e in zip(C.merge(value, groups), state.residual)]
+    payloads = C.compress_groups(compressor, p, step_key(state.key, state.count))
+    residual = [a - compressor.decompress(q) for a, q in zip(p, payloads)]
+    return payloads, residual
+
+
+def feedback_init(compressor: C.Compressor, groups: Any, params: Tree, inner_state: Any,
+                  seed: int) -> tuple[C.Groups, ErrorFeedbackState]:
+    groups = resolve_groups(compressor, params, groups)
+    zeros = [jnp.zeros_like(p) for p in C.merge(params, groups)]
+    return groups, ErrorFeedbackState(inner_state, zeros, agent_key(seed),
+                                      jnp.zeros([], jnp.int32))
+
+
+def mean_of_all(compressor: C.Compressor, payloads: list[C.Payload]) -> Parts:
+    """The average over all agents of the decompressed payloads (one allgather)."""
+    got = allgather(payloads)
+    return [jax.vmap(compressor.decompress)(C.unstack(g, p)).mean(0)
+            for g, p in zip(got, payloads)]
+
+
+def neighbor_mix(compressor: C.Compressor, topology: Any, plan: dict, payloads: list[C.Payload],
+                 count: jax.Array) -> Parts:
+    r""":math:`\sum_j W_{ij} (\hat y_j - \hat y_i)` with :math:`\hat y = C(\cdot)`
+    decompressed, for the sources of ``plan["links"]``."""
+    if "links" not in plan:
+        plan["links"] = links(topology)
+    theirs = exchange(plan["links"], payloads)
+    weights = row(plan["links"], count)
+    out = []
+    for mine, other in zip(payloads, theirs):
+        own = compressor.decompress(mine)
+        decoded = jax.vmap(compressor.decompress)(other)
+        out.append(jnp.tensordot(weights.astype(own.dtype), decoded, axes=1)
+                   - jnp.sum(weights).astype(own.dtype) * own)
+    return out
