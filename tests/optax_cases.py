@@ -154,3 +154,25 @@ def directed_graph(n: int, rng: np.random.Generator) -> T.Topology:
         edges[i, (i - 1) % n] = 1.0
     np.fill_diagonal(edges, 1.0)
     return T.from_weights(edges / edges.sum(1, keepdims=True))
+
+
+def compressed_cases(n: int, problem: Problem):
+    """(name, optimizer) for every compressed transformation and compressor,
+    on the current topology: for MPI/simulation agreement and byte counts."""
+    import optax
+
+    import jaxfog.compress as C
+    import jaxfog.optax as jfo
+
+    lr = 0.3 / problem.lipschitz
+    d = problem.A.shape[-1]
+    for compressor in (C.identity(), C.top_k(0.1), C.rand_k(0.2), C.qsgd(7, unbiased=False),
+                       C.qsgd(2), C.sign()):
+        yield f"choco {compressor.name}", jfo.choco(optax.sgd(lr), compressor=compressor,
+                                                     gamma=0.3)
+    yield "choco low_rank", jfo.choco(optax.sgd(lr), compressor=C.low_rank(2), gamma=0.3)
+    yield "beer top_k", jfo.beer(lr, compressor=C.top_k(0.2), gamma=0.5)
+    yield "gradient_allreduce EF sign", jfo.gradient_allreduce(
+        optax.sgd(lr), compressor=C.sign(), groups=1)
+    yield "awc EF top_k", jfo.awc(optax.sgd(lr), compressor=C.top_k(0.3), gamma=0.5)
+    assert d > 2
