@@ -170,7 +170,6 @@ def compressed_cases(n: int, problem: Problem):
                        C.qsgd(2), C.sign()):
         yield f"choco {compressor.name}", jfo.choco(optax.sgd(lr), compressor=compressor,
                                                      gamma=0.3)
-    yield "choco low_rank", jfo.choco(optax.sgd(lr), compressor=C.low_rank(2), gamma=0.3)
     yield "beer top_k", jfo.beer(lr, compressor=C.top_k(0.2), gamma=0.5)
     yield "gradient_allreduce EF sign", jfo.gradient_allreduce(
         optax.sgd(lr), compressor=C.sign(), groups=1)

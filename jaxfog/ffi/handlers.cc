@@ -34,7 +34,7 @@ using I64s = ffi::Span<const int64_t>;
 using F64s = ffi::Span<const double>;
 
 constexpr size_t kAlign = 64;
-size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+size_t AlignUp(size_t n, size_t align = kAlign) { return (n + align - 1) / align * align; }
 
 struct Leaf {
   ffi::DataType type;
@@ -70,13 +70,17 @@ ffi::ErrorOr<std::vector<Leaf>> Outputs(ffi::RemainingRets rets) {
   return leaves;
 }
 
-// Offsets of the leaves in an aligned, contiguous layout; returns its size.
-size_t Layout(const std::vector<Leaf>& leaves, std::vector<size_t>* offsets) {
+// Offsets of the leaves in a contiguous layout, each at a multiple of
+// `align`; returns its size. Buffers that kernels read are cache-line
+// aligned; a packed message (collectives) is not padded, since padding would
+// travel: a compressed payload's few bytes per leaf would grow to 64.
+size_t Layout(const std::vector<Leaf>& leaves, std::vector<size_t>* offsets,
+              size_t align = kAlign) {
   size_t total = 0;
   offsets->clear();
   for (const Leaf& leaf : leaves) {
     offsets->push_back(total);
-    total += AlignUp(leaf.bytes);
+    total += AlignUp(leaf.bytes, align);
   }
   return total;
 }
@@ -623,7 +627,7 @@ ffi::Error Broadcast(Transport* transport, int64_t signature, int64_t root,
     return transport->Broadcast(info, out[0].out, out[0].bytes, static_cast<int>(root));
   }
   std::vector<size_t> offsets;
-  const size_t total = Layout(in, &offsets);
+  const size_t total = Layout(in, &offsets, 1);
   ScratchPool::Lease packed = ScratchPool::Global().Acquire(total);
   if (is_root) Pack(in, packed.data(), offsets);
   JAXFOG_RETURN_IF_ERROR(
@@ -656,7 +660,7 @@ ffi::Error Allgather(Transport* transport, int64_t signature, const std::vector<
   const OpInfo info{OpCode::kAllgather, static_cast<uint64_t>(signature)};
   if (in.size() == 1) return transport->Allgather(info, in[0].in, out[0].out, in[0].bytes);
   std::vector<size_t> offsets;
-  const size_t total = Layout(in, &offsets);
+  const size_t total = Layout(in, &offsets, 1);
   const size_t n = static_cast<size_t>(transport->size());
   ScratchPool::Lease packed = ScratchPool::Global().Acquire(total);
   ScratchPool::Lease gathered = ScratchPool::Global().Acquire(total * n);
