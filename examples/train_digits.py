@@ -33,7 +33,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -42,6 +42,7 @@ import numpy as np
 import optax
 
 import jaxfog as jf
+import jaxfog.compress as C
 import jaxfog.optax as jfo
 import jaxfog.topology as T
 
@@ -78,11 +79,26 @@ def load(n: int, test_size: float = 0.25):
 class Method(NamedTuple):
     label: str
     optimizer: optax.GradientTransformation
-    bytes_per_param: float  # bytes sent per step per agent, per float32 parameter
+    #: bytes one agent sends per step, from one agent's parameters
+    bytes_per_step: Callable[[Any], float]
+
+
+def compressor(spec: str) -> C.Compressor:
+    """``top_k:0.01``, ``rand_k:0.01``, ``sign``, ``qsgd:7`` (4 bits, buckets of 128)
+    or ``low_rank:4``."""
+    name, _, arg = spec.partition(":")
+    makers = {"top_k": lambda: C.top_k(float(arg)), "rand_k": lambda: C.rand_k(float(arg)),
+              "sign": C.sign, "qsgd": lambda: C.qsgd(int(arg), unbiased=False, bucket=128),
+              "low_rank": lambda: C.low_rank(int(arg), vectors=C.identity()),
+              "identity": C.identity}
+    if name not in makers:
+        raise SystemExit(f"--compress: unknown compressor {spec!r} (one of {sorted(makers)})")
+    return makers[name]()
 
 
 def methods(n: int, names: list[str], graphs: list[str], lr: float, momentum: float,
-            total_steps: int):
+            total_steps: int, compress: list[str] = (), gamma: float = 0.5,
+            groups: int | None = None):
     """The runs to compare, with the bytes each agent sends per step."""
     def inner():  # the step size decays to 0, which also removes diffusion's bias
         return optax.sgd(optax.cosine_decay_schedule(lr, total_steps), momentum=momentum)
@@ -91,17 +107,31 @@ def methods(n: int, names: list[str], graphs: list[str], lr: float, momentum: fl
         entries = list(topology) if isinstance(topology, T.Schedule) else [topology]
         return float(np.mean([len(t.out_neighbors(r)) for t in entries for r in range(n)]))
 
+    def dense(factor):
+        return lambda params: factor * sum(v.nbytes for v in jax.tree.leaves(params))
+
     topologies = {"exponential": T.exponential(n), "one-peer": T.one_peer_exponential(n)}
     runs = []
     if "allreduce" in names:  # ring allreduce sends 2 (n - 1) / n of the message
-        runs.append(Method("allreduce", jfo.gradient_allreduce(inner()), 4 * 2 * (n - 1) / n))
+        runs.append(Method("allreduce", jfo.gradient_allreduce(inner()), dense(2 * (n - 1) / n)))
     for graph in graphs:
+        topology = topologies[graph]
         for name in ("atc", "awc"):
             if name in names:
                 make = jfo.atc if name == "atc" else jfo.awc
-                topology = topologies[graph]
                 runs.append(Method(f"{name} {graph}", make(inner(), topology=topology),
-                                   4 * out_degree(topology)))
+                                   dense(out_degree(topology))))
+        for spec in compress:  # CHOCO-SGD
+            c = compressor(spec)
+            y = groups if c.mergeable else None  # low-rank compresses leaf by leaf
+
+            def sent(params, c=c, y=y, d=out_degree(topology)):
+                return d * C.tree_bytes(c, params, None if y is None else C.balanced(params, y))
+
+            runs.append(Method(
+                f"choco {c.name} {graph}",
+                jfo.choco(inner(), compressor=c, gamma=gamma, topology=topology, groups=y),
+                sent))
     return runs
 
 
@@ -165,8 +195,8 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
     step = agents.map(step, in_axes=(0, 0, 0, 0, None, None)).lower(
         params, opt_state, xs, ys, 0, 0).compile()
     evaluate = agents.map(evaluate)
-    n_params = sum(v.size for v in jax.tree.leaves(params)) // (
-        agents.size if agents.simulated else 1)
+    one = jax.tree.map(lambda v: v[0], params) if agents.simulated else params
+    sent = method.bytes_per_step(one)
     bar = Progress(method.label, epochs * steps, progress and agents.is_root)
     rows, elapsed = [], 0.0
     for epoch in range(epochs):
@@ -187,7 +217,7 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
             "test_accuracy": 100 * float(np.mean(averaged)),
             "agent_accuracy": [100 * float(np.min(own)), 100 * float(np.max(own))],
             "spread": float(np.sqrt(agents.mean(distance) / np.mean(norm))),
-            "bytes_per_step": method.bytes_per_param * n_params, "wall_time": elapsed})
+            "bytes_per_step": sent, "wall_time": elapsed})
     return rows
 
 
@@ -253,6 +283,13 @@ def main(argv=None) -> dict[str, list[dict[str, Any]]]:
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--methods", default="allreduce,atc,awc")
     parser.add_argument("--graphs", default="exponential,one-peer")
+    parser.add_argument("--compress", default="",
+                        help="CHOCO-SGD runs with these compressors, comma separated: "
+                             "top_k:0.01, rand_k:0.01, sign, qsgd:7, low_rank:4")
+    parser.add_argument("--gamma", type=float, default=0.5, help="CHOCO's consensus step")
+    parser.add_argument("--groups", type=int, default=None,
+                        help="merge the leaves into this many groups before compressing "
+                             "(MergeComp); default one group per leaf")
     parser.add_argument("--agents", type=int, default=4, help="without a launcher")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="train_digits_results",
@@ -267,8 +304,9 @@ def main(argv=None) -> dict[str, list[dict[str, Any]]]:
     shards, test = load(n)
     results = {}
     total_steps = args.epochs * (len(shards[0][1]) // args.batch)
+    compress = [spec for spec in args.compress.split(",") if spec]
     for method in methods(n, args.methods.split(","), args.graphs.split(","), args.lr,
-                          args.momentum, total_steps):
+                          args.momentum, total_steps, compress, args.gamma, args.groups):
         rows = train(agents, method, shards, test, epochs=args.epochs, batch=args.batch,
                      seed=args.seed, progress=not args.no_progress)
         results[method.label] = rows

@@ -248,7 +248,7 @@ def _qsgd_bits(levels: int) -> int:
     return next(b for b in (2, 4, 8, 16) if b >= need)
 
 
-def qsgd(levels: int, *, unbiased: bool = True) -> Compressor:
+def qsgd(levels: int, *, unbiased: bool = True, bucket: int | None = None) -> Compressor:
     r"""QSGD stochastic quantization with ``s = levels`` levels and the 2-norm.
 
     .. math::
@@ -256,43 +256,59 @@ def qsgd(levels: int, *, unbiased: bool = True) -> Compressor:
         C(x)_i = \|x\|_2\, \mathrm{sign}(x_i)\, \frac{\ell_i}{s},
         \qquad \ell_i = \lfloor s |x_i| / \|x\|_2 + u_i \rfloor,\ u_i \sim U[0, 1),
 
-    Unbiased, with :math:`\omega = \min(d / s^2, \sqrt d / s)` (Alistarh et al.,
-    Lemma 3.1). ``unbiased=False`` divides by :math:`\tau = 1 + \omega`, a
+    with the norm taken over the whole array, or over each run of ``bucket``
+    entries (QSGD's buckets: a smaller variance for one norm per bucket).
+    Unbiased, with :math:`\omega = \min(b / s^2, \sqrt b / s)` for buckets of
+    :math:`b` entries (:math:`b = d` without buckets; Alistarh et al., Lemma
+    3.1). ``unbiased=False`` divides by :math:`\tau = 1 + \omega`, a
     contraction with :math:`\delta = 1 / \tau` (Koloskova et al.), for CHOCO.
 
     Payload: each entry's code ``sign * level + s`` in ``b`` bits, the
     smallest of 2, 4, 8, 16 that holds ``2 s + 1`` values, packed ``8 / b``
-    per byte (uint16 codes for ``b = 16``), and the norm in ``x``'s dtype:
-    ``ceil(d * b / 8) + itemsize`` bytes. ``qsgd(7)`` sends 4 bits per entry,
-    ``qsgd(1)`` 2 bits (ternary).
+    per byte (uint16 codes for ``b = 16``), and one norm per bucket in
+    ``x``'s dtype: ``ceil(d * b / 8) + ceil(d / bucket) * itemsize`` bytes.
+    ``qsgd(7)`` sends 4 bits per entry, ``qsgd(1)`` 2 bits (ternary).
     """
     if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= 32767:
         raise ValueError(f"jaxfog.compress.qsgd: levels must be an integer in [1, 32767], got "
                          f"{levels!r}")
+    if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, int)
+                               or bucket < 1):
+        raise ValueError(f"jaxfog.compress.qsgd: bucket must be a positive integer or None, "
+                         f"got {bucket!r}")
     s, bits = levels, _qsgd_bits(levels)
 
     def omega(d):
-        return min(d / s**2, math.sqrt(d) / s)
+        b = d if bucket is None else min(bucket, d)
+        return min(b / s**2, math.sqrt(b) / s)
+
+    def runs(d):
+        return 1 if bucket is None else -(-d // bucket)
 
     def compress(x, key, warm=None):
         x = _check_float("qsgd", x)
         flat = x.reshape(-1)
-        norm = jnp.linalg.norm(flat.astype(jnp.float32) if flat.dtype.itemsize < 4 else flat)
-        scaled = jnp.abs(flat) / jnp.where(norm > 0, norm, 1).astype(flat.dtype) * s
+        d, m = flat.size, runs(flat.size)
+        wide = flat.astype(jnp.float32) if flat.dtype.itemsize < 4 else flat
+        norms = jnp.linalg.norm(jnp.pad(wide, (0, m * (-(-d // m)) - d)).reshape(m, -1), axis=1)
+        per_entry = jnp.repeat(norms, -(-d // m))[:d]
+        scaled = jnp.abs(flat) / jnp.where(per_entry > 0, per_entry, 1).astype(flat.dtype) * s
         u = jax.random.uniform(_key_data(key), flat.shape, flat.dtype)
         level = jnp.minimum(jnp.floor(scaled + u), s)
         codes = (jnp.where(flat < 0, -level, level) + s).astype(jnp.int32)
         packed = codes.astype(jnp.uint16) if bits == 16 else _pack(codes, bits)
-        return _payload(x, packed, norm.astype(x.dtype))
+        return _payload(x, packed, norms.astype(x.dtype))
 
     def decompress(p):
-        packed, norm = p.arrays
+        packed, norms = p.arrays
         d = math.prod(p.shape)
         codes = packed if bits == 16 else _unpack(packed, bits, d)
-        scale = norm[0] / s / (1.0 if unbiased else 1.0 + omega(d))
+        per_entry = jnp.repeat(norms, -(-d // norms.size))[:d]
+        scale = per_entry / s / (1.0 if unbiased else 1.0 + omega(d))
         return ((codes.astype(jnp.int32) - s).astype(p.dtype) * scale).reshape(p.shape)
 
-    name = f"qsgd({levels}{'' if unbiased else ', unbiased=False'})"
+    name = (f"qsgd({levels}{'' if unbiased else ', unbiased=False'}"
+            f"{'' if bucket is None else f', bucket={bucket}'})")
     return Compressor(name, compress, decompress, unbiased,
                       (lambda d: None) if unbiased else (lambda d: 1 / (1 + omega(d))),
                       omega if unbiased else (lambda d: None))

@@ -29,7 +29,8 @@ def _x(d=60, seed=0):
 
 
 ALL = [C.identity(), C.top_k(0.1), C.top_k(1.0), C.rand_k(0.1), C.rand_k(0.25, unbiased=True),
-       C.qsgd(1), C.qsgd(7), C.qsgd(7, unbiased=False), C.qsgd(300), C.sign()]
+       C.qsgd(1), C.qsgd(7), C.qsgd(7, unbiased=False), C.qsgd(300), C.qsgd(3, bucket=16),
+       C.qsgd(3, unbiased=False, bucket=16), C.sign()]
 
 
 def test_identity_round_trip_is_exact():
@@ -93,6 +94,7 @@ def test_payload_bytes_are_what_the_docstrings_say(d, dtype):
         C.qsgd(1): math.ceil(d * 2 / 8) + size,
         C.qsgd(127): d + size,
         C.qsgd(128): 2 * d + size,
+        C.qsgd(7, bucket=128): math.ceil(d * 4 / 8) + math.ceil(d / 128) * size,
         C.sign(): math.ceil(d / 8) + size,
     }
     for compressor, nbytes in expected.items():
@@ -140,6 +142,8 @@ def test_bad_input_is_a_clear_error():
     for levels in (0, -3, 1.5, 40000):
         with pytest.raises(ValueError, match="levels must be an integer"):
             C.qsgd(levels)
+    with pytest.raises(ValueError, match="bucket must be a positive integer"):
+        C.qsgd(7, bucket=0)
     with pytest.raises(ValueError, match="rank must be a positive integer"):
         C.low_rank(0)
     with pytest.raises(TypeError, match="real floating"):
