@@ -545,13 +545,19 @@ def unstack(gathered: Payload, like: Payload) -> Payload:
                    like.shape, like.dtype)
 
 
-def exchange_timer(compressor: Compressor, tree: Tree, *, repeats: int = 5) -> Callable:
+def exchange_timer(compressor: Compressor, tree: Tree, *, repeats: int = 5,
+                   fused: bool = True) -> Callable:
     """``timer(groups) -> seconds``: the median time of one compiled round of
     compressing ``tree`` in ``groups``, exchanging the payloads with the
     in-neighbours (:func:`jaxfog.neighbor_allgather`) and decompressing them.
     On MPI every rank returns the mean over ranks, so all choose alike;
     without :func:`jaxfog.init` (e.g. before a simulation) it times
     compression and decompression alone.
+
+    ``fused=True`` sends all groups' payloads in one message per peer, as
+    jaxfog's compressed optimizers do; ``fused=False`` sends one message per
+    group, MergeComp's setting (each group is its own communication, so that
+    it can start as soon as its gradients exist).
     """
     exchange = runtime.is_initialized()
 
@@ -559,7 +565,8 @@ def exchange_timer(compressor: Compressor, tree: Tree, *, repeats: int = 5) -> C
         def round_trip(t, key):
             payloads = compress_groups(compressor, merge(t, groups), key)
             if exchange:
-                got = neighbor_allgather(payloads)
+                got = (neighbor_allgather(payloads) if fused
+                       else [neighbor_allgather(p) for p in payloads])
                 payloads = [unstack(g, p) for g, p in zip(got, payloads)]
                 return [jax.vmap(compressor.decompress)(p).sum(0) for p in payloads]
             return [compressor.decompress(p) for p in payloads]
