@@ -13,7 +13,10 @@ SGD and momentum, combined with its neighbours by one of
 * ``atc``: adapt then combine, x+ = W (x + u),
 * ``awc``: adapt with combine, x+ = W x + u,
 
-on the static exponential graph or the one-peer exponential schedule. It
+on the static exponential graph or the one-peer exponential schedule, and,
+with ``--compress top_k:0.01,sign,qsgd:7,low_rank:4``, CHOCO-SGD with those
+compressors (``--gamma``, ``--groups``; ``benchmarks/bench_compress.py`` runs
+the comparison with minibatches of 8, which CHOCO's slower consensus needs). It
 prints a progress bar and a per-epoch table, then a summary, and plots loss
 against step and against wall time to ``--out``/train_digits.png. The table's
 columns: the training loss (each agent's minibatch loss at its own model,

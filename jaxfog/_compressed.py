@@ -104,8 +104,9 @@ def exchange(links: Links, payloads: Sequence[C.Payload]) -> list[C.Payload]:
 # --- public copies ---------------------------------------------------------------
 
 
-class Copies(NamedTuple):
-    """Public copies of one compressed quantity, per group of leaves."""
+class PublicCopies(NamedTuple):
+    """Public copies of one compressed quantity, per group of leaves (in the
+    state of :func:`choco` and :func:`beer`)."""
 
     #: :math:`\hat x_i`, this agent's public copy.
     own: Parts
@@ -115,32 +116,35 @@ class Copies(NamedTuple):
     warm: tuple
 
 
-def copies(compressor: C.Compressor, parts: Parts, k: int, key: jax.Array) -> Copies:
+def copies(compressor: C.Compressor, parts: Parts, k: int, key: jax.Array) -> PublicCopies:
     zeros = [jnp.zeros_like(p) for p in parts]
     warm = (tuple(C.compress_groups(compressor, zeros, key)) if compressor.warm_start else ())
-    return Copies(zeros, [jnp.zeros((k, *p.shape), p.dtype) for p in parts], warm)
+    return PublicCopies(zeros, [jnp.zeros((k, *p.shape), p.dtype) for p in parts], warm)
 
 
-def compress(compressor: C.Compressor, target: Parts, state: Copies, key: jax.Array
+def compress(compressor: C.Compressor, target: Parts, state: PublicCopies, key: jax.Array
              ) -> list[C.Payload]:
     """Payloads of ``target - own copy``, group by group."""
     diff = [t - h for t, h in zip(target, state.own)]
     return C.compress_groups(compressor, diff, key, state.warm or None)
 
 
-def receive(compressor: C.Compressor, state: Copies, mine: Sequence[C.Payload],
-            theirs: Sequence[C.Payload]) -> Copies:
+def receive(compressor: C.Compressor, state: PublicCopies, mine: Sequence[C.Payload],
+            theirs: Sequence[C.Payload]) -> PublicCopies:
     """Adds every decompressed difference to its copy."""
     own = [h + compressor.decompress(p) for h, p in zip(state.own, mine)]
     neighbors = [h + jax.vmap(compressor.decompress)(p)
                  for h, p in zip(state.neighbors, theirs)]
-    return Copies(own, neighbors, tuple(mine) if state.warm else ())
+    return PublicCopies(own, neighbors, tuple(mine) if state.warm else ())
 
 
-def mixing(state: Copies, weights: jax.Array) -> Parts:
+def mixing(state: PublicCopies, weights: jax.Array) -> Parts:
     r""":math:`\sum_j W_{ij} (\hat x_j - \hat x_i)` per group."""
     return [jnp.tensordot(weights.astype(h.dtype), n, axes=1) - jnp.sum(weights).astype(h.dtype) * h
             for h, n in zip(state.own, state.neighbors)]
+
+
+PublicCopies.__module__ = "jaxfog.optax"  # documented (and exported) there
 
 
 # --- argument checks ----------------------------------------------------------------
@@ -195,7 +199,7 @@ class ChocoState(NamedTuple):
     #: The inner transformation's state.
     inner: optax.OptState
     #: The public copies :math:`\hat x` (zeros after ``init``).
-    public: Copies
+    public: PublicCopies
     #: This agent's base key (raw uint32 words).
     key: jax.Array
     #: Number of ``update`` calls so far (an int32 scalar).
@@ -295,9 +299,9 @@ class BeerState(NamedTuple):
     #: The gradient :math:`g^{k-1}` (zeros after ``init``).
     prev_grads: Parts
     #: Public copies :math:`H` of the parameters.
-    public_x: Copies
+    public_x: PublicCopies
     #: Public copies :math:`G` of the tracker.
-    public_v: Copies
+    public_v: PublicCopies
     #: This agent's base key (raw uint32 words).
     key: jax.Array
     #: Number of ``update`` calls so far (an int32 scalar).

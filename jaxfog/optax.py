@@ -36,6 +36,13 @@ The transformations:
   reach the optimum of :math:`\sum_i f_i` with a constant step size).
 * :func:`push_sum` and :func:`push_diging`: directed and time-varying graphs,
   with the column-stochastic weights of :func:`column_stochastic`.
+* :func:`choco` and :func:`beer`: compressed gossip (CHOCO-SGD, and BEER,
+  exact); ``compressor=`` in :func:`gradient_allreduce` and :func:`awc` adds
+  error feedback. Compressors come from :mod:`jaxfog.compress`. Every agent
+  keeps public copies of itself and its in-neighbours; on a
+  :class:`~jaxfog.topology.Schedule` it keeps copies of the union of its
+  in-neighbours over the period and sends to the union of its out-neighbours
+  at every step, so no copy goes stale (the mixing uses the step's weights).
 
 Where they stand in a chain: ``atc``, ``awc`` and ``push_sum`` wrap an inner
 optax transformation (put clipping, weight decay, etc. inside it) and must be
@@ -80,7 +87,8 @@ from jaxfog import _compressed as CG
 from jaxfog import compress as C
 from jaxfog import runtime
 from jaxfog import topology as T
-from jaxfog._compressed import BeerState, ChocoState, ErrorFeedbackState, beer, choco
+from jaxfog._compressed import (BeerState, ChocoState, ErrorFeedbackState, PublicCopies, beer,
+                                choco)
 from jaxfog.ops import allreduce, hierarchical_neighbor_allreduce, neighbor_allreduce
 from jaxfog.ops.window import (win_accumulate, win_create, win_update_then_collect,
                                win_weight)
@@ -925,6 +933,7 @@ def push_diging(learning_rate: float, *, topology: Any = None
 
 
 __all__ = ["BeerState", "ChocoState", "DiffusionState", "ErrorFeedbackState",
-           "ExactDiffusionState", "PushDigingState", "PushSumState", "TrackingState", "atc",
-           "awc", "beer", "choco", "column_stochastic", "exact_diffusion", "gradient_allreduce",
-           "gradient_tracking", "push_diging", "push_sum"]
+           "ExactDiffusionState", "PublicCopies", "PushDigingState", "PushSumState",
+           "TrackingState", "atc", "awc", "beer", "choco", "column_stochastic",
+           "exact_diffusion", "gradient_allreduce", "gradient_tracking", "push_diging",
+           "push_sum"]
