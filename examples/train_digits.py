@@ -110,6 +110,11 @@ def methods(n: int, names: list[str], graphs: list[str], lr: float, momentum: fl
         entries = list(topology) if isinstance(topology, T.Schedule) else [topology]
         return float(np.mean([len(t.out_neighbors(r)) for t in entries for r in range(n)]))
 
+    def union_out_degree(topology) -> float:  # CHOCO sends to every neighbour of the period
+        entries = list(topology) if isinstance(topology, T.Schedule) else [topology]
+        edges = np.any([t.weights != 0 for t in entries], axis=0) & ~np.eye(n, dtype=bool)
+        return float(edges.sum(0).mean())
+
     def dense(factor):
         return lambda params: factor * sum(v.nbytes for v in jax.tree.leaves(params))
 
@@ -128,7 +133,7 @@ def methods(n: int, names: list[str], graphs: list[str], lr: float, momentum: fl
             c = compressor(spec)
             y = groups if c.mergeable else None  # low-rank compresses leaf by leaf
 
-            def sent(params, c=c, y=y, d=out_degree(topology)):
+            def sent(params, c=c, y=y, d=union_out_degree(topology)):
                 return d * C.tree_bytes(c, params, None if y is None else C.balanced(params, y))
 
             runs.append(Method(

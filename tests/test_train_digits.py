@@ -13,7 +13,7 @@ import numpy as np
 from test_examples_sim import EXAMPLES, _example
 
 SHORT = ["--epochs", "6", "--methods", "allreduce,atc,awc", "--graphs", "one-peer",
-         "--no-progress", "--quiet"]
+         "--compress", "sign", "--no-progress", "--quiet"]
 
 
 def _results(out: Path) -> dict:
@@ -48,10 +48,17 @@ def test_mpi_processes_train_like_the_simulated_agents(tmp_path):
     assert "### Summary (4 MPI processes)" in run.stdout
     _example("train_digits").main(["--out", str(tmp_path / "sim"), *SHORT])
     on_mpi, simulated = _results(tmp_path / "mpi"), _results(tmp_path / "sim")
-    assert set(on_mpi) == set(simulated) == {"allreduce", "atc one-peer", "awc one-peer"}
+    assert set(on_mpi) == set(simulated) == {"allreduce", "atc one-peer", "awc one-peer",
+                                             "choco sign() one-peer"}
     for label in on_mpi:
+        # What went on the wire (jaxfog.comm_stats) is the bytes figure.
+        for row in on_mpi[label]:
+            assert row["measured_bytes_per_step"] == row["bytes_per_step"], label
         for mpi_row, sim_row in zip(on_mpi[label], simulated[label]):
-            # float32, summed in another order: the same training to rounding.
+            # float32, summed in another order: the same training to rounding
+            # (a sign flips on a near-zero entry now and then: choco's looser bound;
+            # tests/test_compressed_mpi.py checks it to 1e-10 in float64).
             np.testing.assert_allclose(mpi_row["step_losses"], sim_row["step_losses"],
-                                       rtol=1e-3, err_msg=label)
+                                       rtol=2e-2 if label.startswith("choco") else 1e-3,
+                                       err_msg=label)
             assert abs(mpi_row["test_accuracy"] - sim_row["test_accuracy"]) <= 0.5, label
