@@ -14,7 +14,7 @@ C_API = {"jaxfog_register_mpi_comm", "jaxfog_release_comm", "jaxfog_timeline_sta
          "jaxfog_timeline_flush", "jaxfog_keep_freed_memory", "jaxfog_set_async_min_bytes",
          "jaxfog_async_min_bytes", "jaxfog_mpi_library_version", "jaxfog_mpi_query_thread",
          "jaxfog_build_info", "jaxfog_op_table", "jaxfog_win_create", "jaxfog_win_fill",
-         "jaxfog_win_free", "jaxfog_win_query", "jaxfog_win_mutex"}
+         "jaxfog_win_free", "jaxfog_win_query", "jaxfog_win_mutex", "jaxfog_traffic"}
 
 MESSAGE_OPS = {"neighbor_allreduce": 1, "neighbor_allgather": 2, "neighbor_reduce_scatter": 3,
                "allreduce": 4, "broadcast": 5, "allgather": 6}
