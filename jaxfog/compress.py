@@ -382,10 +382,10 @@ def low_rank(rank: int, *, vectors: Compressor | None = None) -> Compressor:
             return Payload(inner.arrays, inner.shape, inner.dtype)
         m = matrix(x)
         r = min(rank, *m.shape)
-        if warm is not None and len(warm.arrays) == 2 and warm.arrays[1].shape == (m.shape[1], r):
-            q = warm.arrays[1]
-        else:
-            q = jax.random.normal(_key_data(key), (m.shape[1], r), m.dtype)
+        q = jax.random.normal(_key_data(key), (m.shape[1], r), m.dtype)
+        if warm is not None and len(warm.arrays) == 2 and warm.arrays[1].shape == q.shape:
+            # The previous right factor, unless it is zero (it was a zero matrix's).
+            q = jnp.where(jnp.any(warm.arrays[1] != 0), warm.arrays[1], q)
         p = _orthonormal(m @ q)
         return _payload(x, p, m.T @ p)
 
