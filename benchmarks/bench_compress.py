@@ -84,7 +84,7 @@ def launch(args: list[str], n: int = N) -> None:
         raise SystemExit(f"the MPI run failed: {' '.join(command)}")
 
 
-def digits_table(results: dict, epochs: int) -> list[str]:
+def digits_table(results: dict) -> list[str]:
     base_atc = results["atc exponential"][-1]["test_accuracy"]
     dense = results["atc exponential"][-1]["bytes_per_step"]
     lines = ["| method | test acc | vs ATC | KB / step / agent (figure) | measured on the wire "
@@ -182,7 +182,7 @@ def main() -> None:
         rows = json.loads((Path(directory) / "mergecomp.json").read_text())
     import jax
 
-    digits = digits_table(results, epochs)
+    digits = digits_table(results)
     merged = mergecomp_table(rows)
     print("\n".join(digits + [""] + merged))
     if args.quick:
@@ -192,7 +192,8 @@ def main() -> None:
               "Produced by `python benchmarks/bench_compress.py`.", "",
               "## CHOCO-SGD on the digits MLP", "",
               f"`examples/train_digits.py` on 4 MPI processes, the exponential graph, "
-              f"{epochs} epochs of minibatches of 8 (4200 steps), SGD with momentum 0.9 and "
+              f"{epochs} epochs of minibatches of 8 "
+              f"({results['atc exponential'][-1]['steps']} steps), SGD with momentum 0.9 and "
               "a cosine decay from 0.05; CHOCO with gamma = 0.05 and all leaves merged into "
               "one group (low rank: per leaf, biases uncompressed). 'figure': the "
               "compressors' payload bytes times the out-degree; 'measured': what "

@@ -116,9 +116,13 @@ class PublicCopies(NamedTuple):
     warm: tuple
 
 
-def copies(compressor: C.Compressor, parts: Parts, k: int, key: jax.Array) -> PublicCopies:
+def copies(compressor: C.Compressor, parts: Parts, k: int) -> PublicCopies:
     zeros = [jnp.zeros_like(p) for p in parts]
-    warm = (tuple(C.compress_groups(compressor, zeros, key)) if compressor.warm_start else ())
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    # A zero warm payload: low-rank then starts cold from its key.
+    warm = (tuple(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                               jax.eval_shape(compressor.compress, z, key)) for z in zeros)
+            if compressor.warm_start else ())
     return PublicCopies(zeros, [jnp.zeros((k, *p.shape), p.dtype) for p in parts], warm)
 
 
@@ -173,6 +177,15 @@ def resolve_groups(compressor: C.Compressor, tree: Tree, groups: Any) -> C.Group
     elif isinstance(groups, C.SearchResult):
         groups = groups.groups
     return C.check_groups(compressor, tree, groups)
+
+
+def prepare(plan: dict, topology: Any, compressor: C.Compressor, params: Tree,
+            groups: Any) -> None:
+    """Fills ``plan`` (links and groups) for ``params``' structure, again when it changed."""
+    signature = (jax.tree.structure(params), tuple(np.shape(x) for x in jax.tree.leaves(params)))
+    if plan.get("signature") != signature:
+        plan.update(signature=signature, links=links(topology),
+                    groups=resolve_groups(compressor, params, groups))
 
 
 def agent_key(seed: int) -> jax.Array:
@@ -264,17 +277,17 @@ def choco(inner: optax.GradientTransformation, *, compressor: C.Compressor, gamm
     plan: dict[str, Any] = {}
 
     def init(params):
-        plan.update(links=links(topology), groups=resolve_groups(compressor, params, groups))
+        plan.clear()
+        prepare(plan, topology, compressor, params, groups)
         key = agent_key(seed)
         parts = C.merge(params, plan["groups"])
         return ChocoState(inner.init(params),
-                          copies(compressor, parts, degree(plan["links"]), key), key,
+                          copies(compressor, parts, degree(plan["links"])), key,
                           jnp.zeros([], jnp.int32))
 
     def update(grads, state, params=None, **extra):
         need_params("choco", params)
-        if not plan:
-            init(params)
+        prepare(plan, topology, compressor, params, groups)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         half = C.merge(optax.apply_updates(params, u), plan["groups"])
         mine = compress(compressor, half, state.public, step_key(state.key, state.count))
@@ -332,8 +345,10 @@ def beer(learning_rate: float, *, compressor: C.Compressor, gamma: float,
     sign) as well.
 
     Why BEER rather than LEAD: BEER needs only a contraction, so top-k and
-    sign qualify; LEAD's analysis assumes an unbiased compressor. BEER is
-    also jaxfog's :func:`gradient_tracking` with compressed exchanges.
+    sign qualify; LEAD's analysis assumes an unbiased compressor. With
+    ``identity()`` and ``gamma = 1`` it is DIGing, the combine-then-adapt form
+    of gradient tracking (:func:`gradient_tracking` is the adapt-then-combine
+    one).
 
     Args:
       learning_rate: the constant step size :math:`a`.
@@ -353,19 +368,18 @@ def beer(learning_rate: float, *, compressor: C.Compressor, gamma: float,
     plan: dict[str, Any] = {}
 
     def init(params):
-        plan.update(links=links(topology), groups=resolve_groups(compressor, params, groups))
+        plan.clear()
+        prepare(plan, topology, compressor, params, groups)
         key = agent_key(seed)
         parts = C.merge(params, plan["groups"])
         k = degree(plan["links"])
         zeros = [jnp.zeros_like(p) for p in parts]
-        return BeerState(zeros, zeros, copies(compressor, parts, k, key),
-                         copies(compressor, parts, k, jax.random.fold_in(key, 1)), key,
-                         jnp.zeros([], jnp.int32))
+        return BeerState(zeros, zeros, copies(compressor, parts, k), copies(compressor, parts, k),
+                         key, jnp.zeros([], jnp.int32))
 
     def update(grads, state, params=None, **extra):
         need_params("beer", params)
-        if not plan:
-            init(params)
+        prepare(plan, topology, compressor, params, groups)
         groups_, weights = plan["groups"], row(plan["links"], state.count)
         g = C.merge(grads, groups_)
         v = [t + gamma * m + a - b for t, m, a, b in

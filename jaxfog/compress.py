@@ -256,8 +256,9 @@ def qsgd(levels: int, *, unbiased: bool = True, bucket: int | None = None) -> Co
         C(x)_i = \|x\|_2\, \mathrm{sign}(x_i)\, \frac{\ell_i}{s},
         \qquad \ell_i = \lfloor s |x_i| / \|x\|_2 + u_i \rfloor,\ u_i \sim U[0, 1),
 
-    with the norm taken over the whole array, or over each run of ``bucket``
-    entries (QSGD's buckets: a smaller variance for one norm per bucket).
+    with the norm taken over the whole array, or over each of ``ceil(d /
+    bucket)`` equal runs of at most ``bucket`` entries (QSGD's buckets: a
+    smaller variance for one norm per bucket).
     Unbiased, with :math:`\omega = \min(b / s^2, \sqrt b / s)` for buckets of
     :math:`b` entries (:math:`b = d` without buckets; Alistarh et al., Lemma
     3.1). ``unbiased=False`` divides by :math:`\tau = 1 + \omega`, a
@@ -265,8 +266,10 @@ def qsgd(levels: int, *, unbiased: bool = True, bucket: int | None = None) -> Co
 
     Payload: each entry's code ``sign * level + s`` in ``b`` bits, the
     smallest of 2, 4, 8, 16 that holds ``2 s + 1`` values, packed ``8 / b``
-    per byte (uint16 codes for ``b = 16``), and one norm per bucket in
-    ``x``'s dtype: ``ceil(d * b / 8) + ceil(d / bucket) * itemsize`` bytes.
+    per byte (uint16 codes for ``b = 16``), and one norm per run, in float32
+    for 16-bit floats (rounding it to 16 bits would bias the result) and in
+    ``x``'s dtype otherwise: ``ceil(d * b / 8) + ceil(d / bucket) * max(itemsize,
+    4)`` bytes.
     ``qsgd(7)`` sends 4 bits per entry, ``qsgd(1)`` 2 bits (ternary).
     """
     if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= 32767:
@@ -289,15 +292,17 @@ def qsgd(levels: int, *, unbiased: bool = True, bucket: int | None = None) -> Co
         x = _check_float("qsgd", x)
         flat = x.reshape(-1)
         d, m = flat.size, runs(flat.size)
+        # Narrow floats are quantized in float32: rounding scaled + u in bfloat16
+        # would bias the levels away from zero.
         wide = flat.astype(jnp.float32) if flat.dtype.itemsize < 4 else flat
         norms = jnp.linalg.norm(jnp.pad(wide, (0, m * (-(-d // m)) - d)).reshape(m, -1), axis=1)
         per_entry = jnp.repeat(norms, -(-d // m))[:d]
-        scaled = jnp.abs(flat) / jnp.where(per_entry > 0, per_entry, 1).astype(flat.dtype) * s
-        u = jax.random.uniform(_key_data(key), flat.shape, flat.dtype)
+        scaled = jnp.abs(wide) / jnp.where(per_entry > 0, per_entry, 1) * s
+        u = jax.random.uniform(_key_data(key), flat.shape, wide.dtype)
         level = jnp.minimum(jnp.floor(scaled + u), s)
         codes = (jnp.where(flat < 0, -level, level) + s).astype(jnp.int32)
         packed = codes.astype(jnp.uint16) if bits == 16 else _pack(codes, bits)
-        return _payload(x, packed, norms.astype(x.dtype))
+        return _payload(x, packed, norms)  # float32 for narrow floats: no rounding bias
 
     def decompress(p):
         packed, norms = p.arrays
@@ -305,7 +310,8 @@ def qsgd(levels: int, *, unbiased: bool = True, bucket: int | None = None) -> Co
         codes = packed if bits == 16 else _unpack(packed, bits, d)
         per_entry = jnp.repeat(norms, -(-d // norms.size))[:d]
         scale = per_entry / s / (1.0 if unbiased else 1.0 + omega(d))
-        return ((codes.astype(jnp.int32) - s).astype(p.dtype) * scale).reshape(p.shape)
+        return ((codes.astype(jnp.int32) - s).astype(scale.dtype) * scale).astype(
+            p.dtype).reshape(p.shape)
 
     name = (f"qsgd({levels}{'' if unbiased else ', unbiased=False'}"
             f"{'' if bucket is None else f', bucket={bucket}'})")
@@ -378,8 +384,7 @@ def low_rank(rank: int, *, vectors: Compressor | None = None) -> Compressor:
                     f"jaxfog.compress.low_rank: compresses matrices, got shape {x.shape}; "
                     "pass vectors=jaxfog.compress.identity() (or another compressor) for "
                     "the vectors")
-            inner = vectors.compress(x, key)
-            return Payload(inner.arrays, inner.shape, inner.dtype)
+            return vectors.compress(x, key)
         m = matrix(x)
         r = min(rank, *m.shape)
         q = jax.random.normal(_key_data(key), (m.shape[1], r), m.dtype)
@@ -421,7 +426,9 @@ def balanced(tree: Tree, y: int) -> Groups:
     """
     sizes = [math.prod(np.shape(leaf)) for leaf in jax.tree.leaves(tree)]
     n = len(sizes)
-    if isinstance(y, bool) or not isinstance(y, int) or not 1 <= y <= max(n, 1):
+    if n == 0:
+        raise ValueError("jaxfog.compress.balanced: the tree has no leaves")
+    if isinstance(y, bool) or not isinstance(y, (int, np.integer)) or not 1 <= y <= n:
         raise ValueError(f"jaxfog.compress.balanced: y must be in [1, {n}], got {y!r}")
     total, groups, start, done = sum(sizes), [], 0, 0
     for g in range(y):
@@ -597,8 +604,9 @@ def search(compressor: Compressor, tree: Tree, timer: Callable[[Groups], float] 
     other end) and stops at the first ``y`` that is slower than ``y - 1``
     (keeping ``y - 1``) or gains less than ``alpha`` of ``y - 1``'s time
     (keeping ``y``). The result is cached per model signature (the tree's
-    structure, shapes and dtypes, the compressor and the number of agents)
-    for the life of the process.
+    structure, shapes and dtypes, the compressor and the number of agents),
+    ``max_groups``, ``alpha`` and ``timer`` (the default one counts as one
+    timer) for the life of the process.
 
     Args:
       compressor: what compresses each group; one that is not ``mergeable``
@@ -619,7 +627,10 @@ def search(compressor: Compressor, tree: Tree, timer: Callable[[Groups], float] 
         return SearchResult(per_leaf(tree), ())
     if not 0 < alpha < 1:
         raise ValueError(f"jaxfog.compress.search: alpha must be in (0, 1), got {alpha!r}")
-    signature = _signature(compressor, tree)
+    if max_groups is not None and (isinstance(max_groups, bool) or max_groups < 1):
+        raise ValueError(f"jaxfog.compress.search: max_groups must be a positive integer or "
+                         f"None, got {max_groups!r}")
+    signature = (_signature(compressor, tree), max_groups, alpha, timer)
     if cache and signature in _SEARCHES:
         return _SEARCHES[signature]
     timer = exchange_timer(compressor, tree) if timer is None else timer

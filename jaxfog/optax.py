@@ -271,7 +271,9 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
         x_i^{k+1} = x_i^k + \gamma \sum_j W_{ij} (\hat y_j^k - \hat y_i^k) + u_i^k,
 
     the residual :math:`e` (zero at the start) carrying what compression left
-    out into the next step. Only the payloads travel. With a doubly
+    out into the next step. Only the payloads travel (on a ``Schedule``, to
+    the union of the period's out-neighbours at every step, as :func:`choco`
+    does; absent neighbours get weight 0). With a doubly
     stochastic :math:`W` the network average moves only by the updates; with
     ``identity()`` and ``gamma=1`` this is plain ``awc``.
 
@@ -347,7 +349,8 @@ def _compressed_awc(inner: optax.GradientTransformation, topology: Any,
 
     def update(grads, state, params=None, **extra):
         _need_params("awc", params)
-        plan.setdefault("groups", CG.resolve_groups(compressor, params, groups))
+        if "groups" not in plan:
+            plan["groups"] = CG.resolve_groups(compressor, params, groups)
         payloads, residual = CG.feedback(compressor, plan["groups"], params, state)
         mix = C.split(CG.neighbor_mix(compressor, topology, plan, payloads, state.count),
                       params, plan["groups"])
@@ -430,7 +433,8 @@ def gradient_allreduce(inner: optax.GradientTransformation, *,
         return state
 
     def update_compressed(grads, state, params=None, **extra):
-        plan.setdefault("groups", CG.resolve_groups(compressor, grads, groups))
+        if "groups" not in plan:
+            plan["groups"] = CG.resolve_groups(compressor, grads, groups)
         payloads, residual = CG.feedback(compressor, plan["groups"], grads, state)
         mean = C.split(CG.mean_of_all(compressor, payloads), grads, plan["groups"])
         u, inner_state = inner.update(mean, state.inner, params, **extra)

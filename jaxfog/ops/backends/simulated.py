@@ -217,8 +217,9 @@ class SimulatedBackend:
     def broadcast(self, leaves: list, args: _args.Broadcast) -> list:
         _clock.synchronize()
         is_root = self.sim.rank == args.root
+        # psum widens bool and small integers; the root's value keeps its dtype.
         return [lax.psum(jnp.where(is_root, x, jnp.zeros_like(x)), self.sim.axis_name)
-                for x in leaves]
+                .astype(x.dtype) for x in leaves]
 
     def allgather(self, leaves: list, args: _args.Allgather) -> list:
         _clock.synchronize()
