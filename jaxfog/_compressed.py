@@ -180,12 +180,13 @@ def resolve_groups(compressor: C.Compressor, tree: Tree, groups: Any) -> C.Group
 
 
 def prepare(plan: dict, topology: Any, compressor: C.Compressor, params: Tree,
-            groups: Any) -> None:
-    """Fills ``plan`` (links and groups) for ``params``' structure, again when it changed."""
+            groups: Any, *, neighbors: bool = True) -> None:
+    """Fills ``plan`` (groups, and links unless ``neighbors=False``) for
+    ``params``' structure, again when it changed."""
     signature = (jax.tree.structure(params), tuple(np.shape(x) for x in jax.tree.leaves(params)))
     if plan.get("signature") != signature:
-        plan.update(signature=signature, links=links(topology),
-                    groups=resolve_groups(compressor, params, groups))
+        plan.update(signature=signature, groups=resolve_groups(compressor, params, groups),
+                    links=links(topology) if neighbors else None)
 
 
 def agent_key(seed: int) -> jax.Array:
@@ -427,12 +428,11 @@ def feedback(compressor: C.Compressor, groups: C.Groups, value: Tree,
     return payloads, residual
 
 
-def feedback_init(compressor: C.Compressor, groups: Any, params: Tree, inner_state: Any,
-                  seed: int) -> tuple[C.Groups, ErrorFeedbackState]:
-    groups = resolve_groups(compressor, params, groups)
-    zeros = [jnp.zeros_like(p) for p in C.merge(params, groups)]
-    return groups, ErrorFeedbackState(inner_state, zeros, agent_key(seed),
-                                      jnp.zeros([], jnp.int32))
+def feedback_init(plan: dict, params: Tree, inner_state: Any, seed: int
+                  ) -> ErrorFeedbackState:
+    """The state after ``init`` (``plan`` prepared for ``params``): zero residuals."""
+    zeros = [jnp.zeros_like(p) for p in C.merge(params, plan["groups"])]
+    return ErrorFeedbackState(inner_state, zeros, agent_key(seed), jnp.zeros([], jnp.int32))
 
 
 def mean_of_all(compressor: C.Compressor, payloads: list[C.Payload]) -> Parts:
@@ -442,14 +442,12 @@ def mean_of_all(compressor: C.Compressor, payloads: list[C.Payload]) -> Parts:
             for g, p in zip(got, payloads)]
 
 
-def neighbor_mix(compressor: C.Compressor, topology: Any, plan: dict, payloads: list[C.Payload],
+def neighbor_mix(compressor: C.Compressor, graph: Links, payloads: list[C.Payload],
                  count: jax.Array) -> Parts:
     r""":math:`\sum_j W_{ij} (\hat y_j - \hat y_i)` with :math:`\hat y = C(\cdot)`
-    decompressed, for the sources of ``plan["links"]``."""
-    if "links" not in plan:
-        plan["links"] = links(topology)
-    theirs = exchange(plan["links"], payloads)
-    weights = row(plan["links"], count)
+    decompressed, over ``graph``'s sources."""
+    theirs = exchange(graph, payloads)
+    weights = row(graph, count)
     out = []
     for mine, other in zip(payloads, theirs):
         own = compressor.decompress(mine)

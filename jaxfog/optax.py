@@ -343,16 +343,15 @@ def _compressed_awc(inner: optax.GradientTransformation, topology: Any,
     plan: dict[str, Any] = {}
 
     def init(params):
-        plan["groups"], state = CG.feedback_init(compressor, groups, params, inner.init(params),
-                                                 seed)
-        return state
+        plan.clear()
+        CG.prepare(plan, topology, compressor, params, groups)
+        return CG.feedback_init(plan, params, inner.init(params), seed)
 
     def update(grads, state, params=None, **extra):
         _need_params("awc", params)
-        if "groups" not in plan:
-            plan["groups"] = CG.resolve_groups(compressor, params, groups)
+        CG.prepare(plan, topology, compressor, params, groups)
         payloads, residual = CG.feedback(compressor, plan["groups"], params, state)
-        mix = C.split(CG.neighbor_mix(compressor, topology, plan, payloads, state.count),
+        mix = C.split(CG.neighbor_mix(compressor, plan["links"], payloads, state.count),
                       params, plan["groups"])
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         return (jax.tree.map(lambda m, d: gamma * m + d, mix, u),
@@ -428,13 +427,12 @@ def gradient_allreduce(inner: optax.GradientTransformation, *,
     plan: dict[str, Any] = {}
 
     def init(params):
-        plan["groups"], state = CG.feedback_init(compressor, groups, params, inner.init(params),
-                                                 seed)
-        return state
+        plan.clear()
+        CG.prepare(plan, None, compressor, params, groups, neighbors=False)
+        return CG.feedback_init(plan, params, inner.init(params), seed)
 
     def update_compressed(grads, state, params=None, **extra):
-        if "groups" not in plan:
-            plan["groups"] = CG.resolve_groups(compressor, grads, groups)
+        CG.prepare(plan, None, compressor, grads, groups, neighbors=False)
         payloads, residual = CG.feedback(compressor, plan["groups"], grads, state)
         mean = C.split(CG.mean_of_all(compressor, payloads), grads, plan["groups"])
         u, inner_state = inner.update(mean, state.inner, params, **extra)

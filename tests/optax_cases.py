@@ -157,19 +157,22 @@ def directed_graph(n: int, rng: np.random.Generator) -> T.Topology:
 
 
 def compressed_cases(n: int, problem: Problem):
-    """(name, optimizer) for every compressed transformation and compressor,
-    on the current topology: for MPI/simulation agreement and byte counts."""
+    """(name, optimizer, compressor, payloads per message) for every compressed
+    transformation, on the current topology: for MPI/simulation agreement and
+    byte counts (BEER sends two compressed quantities in one message)."""
     import optax
 
     import jaxfog.compress as C
     import jaxfog.optax as jfo
 
     lr = 0.3 / problem.lipschitz
-    for compressor in (C.identity(), C.top_k(0.1), C.rand_k(0.2), C.qsgd(7, unbiased=False),
-                       C.qsgd(2), C.sign()):
-        yield f"choco {compressor.name}", jfo.choco(optax.sgd(lr), compressor=compressor,
-                                                     gamma=0.3)
-    yield "beer top_k", jfo.beer(lr, compressor=C.top_k(0.2), gamma=0.5)
-    yield "gradient_allreduce EF sign", jfo.gradient_allreduce(
-        optax.sgd(lr), compressor=C.sign(), groups=1)
-    yield "awc EF top_k", jfo.awc(optax.sgd(lr), compressor=C.top_k(0.3), gamma=0.5)
+    for c in (C.identity(), C.top_k(0.1), C.rand_k(0.2), C.qsgd(7, unbiased=False), C.qsgd(2),
+              C.sign()):
+        yield f"choco {c.name}", jfo.choco(optax.sgd(lr), compressor=c, gamma=0.3), c, 1
+    c = C.top_k(0.2)
+    yield "beer top_k", jfo.beer(lr, compressor=c, gamma=0.5), c, 2
+    c = C.sign()
+    yield ("gradient_allreduce EF sign",
+           jfo.gradient_allreduce(optax.sgd(lr), compressor=c, groups=1), c, 1)
+    c = C.top_k(0.3)
+    yield "awc EF top_k", jfo.awc(optax.sgd(lr), compressor=c, gamma=0.5), c, 1
