@@ -8,9 +8,13 @@ jaxlib's FFI headers and an MPI found as follows:
   the same MPI.
 * otherwise the ``mpicxx`` of the ``mpich`` wheel in the (build) environment.
 
-CUDA/NCCL are only detected here (``JAXFOG_CUDA_HOME``, ``CUDA_HOME``,
-``CUDA_PATH``, ``/usr/local/cuda``; never derived from where ``nvcc`` is, which
-on some machines is a wrapper script outside the toolkit).
+The GPU paths (host staging of CUDA buffers, the NCCL transport) are built when
+a CUDA toolkit is found (``JAXFOG_CUDA_HOME``, ``CUDA_HOME``, ``CUDA_PATH``,
+``/usr/local/cuda``; never derived from where ``nvcc`` is, which on some
+machines is a wrapper script outside the toolkit) and, for NCCL, ``nccl.h``
+(``JAXFOG_NCCL_HOME``, the toolkit, or the ``nvidia-nccl-cu13`` wheel, a build
+requirement). The CUDA runtime is linked statically and libnccl is opened at
+run time, so the same library loads on machines without a GPU.
 """
 
 from __future__ import annotations
@@ -83,14 +87,26 @@ def _jaxlib_include() -> str:
     return str(include)
 
 
+def _cuda_static_runtime(cuda_home: str) -> str | None:
+    for folder in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"):
+        candidate = Path(cuda_home) / folder / "libcudart_static.a"
+        if candidate.exists():
+            return str(candidate)
+    return None
+
+
 def _detect_cuda_nccl() -> dict:
-    """Where CUDA and NCCL headers are, if anywhere. Absence is not an error."""
-    cuda_home = None
-    for candidate in (os.environ.get("JAXFOG_CUDA_HOME"), os.environ.get("CUDA_HOME"),
-                      os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if candidate and (Path(candidate) / "include" / "cuda_runtime.h").exists():
-            cuda_home = candidate
-            break
+    """Where CUDA and NCCL are, if anywhere. Absence is not an error: the GPU
+    paths are then not built (``JAXFOG_NO_CUDA=1`` skips them on purpose)."""
+    cuda_home = cudart = None
+    if not os.environ.get("JAXFOG_NO_CUDA"):
+        for candidate in (os.environ.get("JAXFOG_CUDA_HOME"), os.environ.get("CUDA_HOME"),
+                          os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+            if candidate and (Path(candidate) / "include" / "cuda_runtime.h").exists():
+                cudart = _cuda_static_runtime(candidate)
+                if cudart:
+                    cuda_home = candidate
+                    break
     nccl_include = None
     for candidate in filter(None, (os.environ.get("JAXFOG_NCCL_HOME"), cuda_home)):
         if (Path(candidate) / "include" / "nccl.h").exists():
@@ -105,9 +121,12 @@ def _detect_cuda_nccl() -> dict:
                 break
     return {
         "cuda_home": cuda_home,
+        "cudart": cudart,
         "nccl_include": nccl_include,
-        # The NCCL transport is not part of this release; it is never built.
-        "nccl_built": False,
+        # The CUDA runtime is linked statically; libnccl is opened at run time,
+        # so the library loads on machines with neither.
+        "cuda_built": cuda_home is not None,
+        "nccl_built": cuda_home is not None and nccl_include is not None,
     }
 
 
@@ -149,6 +168,13 @@ class BuildFfi(build_ext):
             ext.extra_compile_args += ["-std=c++17", "-O3", "-fvisibility=hidden", "-Wall",
                                        "-isystem", _jaxlib_include(), *mpi["compile_args"]]
             ext.extra_link_args += mpi["link_args"]
+            if info["cuda_built"]:
+                ext.define_macros.append(("JAXFOG_WITH_CUDA", "1"))
+                ext.extra_compile_args += ["-isystem", str(Path(info["cuda_home"]) / "include")]
+                ext.extra_link_args += [info["cudart"], "-ldl", "-lrt", "-lpthread"]
+            if info["nccl_built"]:
+                ext.define_macros.append(("JAXFOG_WITH_NCCL", "1"))
+                ext.extra_compile_args += ["-isystem", info["nccl_include"]]
         super().build_extensions()
 
     def get_ext_filename(self, fullname: str) -> str:
@@ -158,6 +184,11 @@ class BuildFfi(build_ext):
             # A plain shared library loaded with ctypes, not a Python module.
             return os.path.join(*package, name + ".so")
         return super().get_ext_filename(fullname)
+
+
+# NCCL's headers and library (the build compiles the NCCL transport against the
+# former; tests load the latter).
+_NCCL_WHEEL = "nvidia-nccl-cu13; sys_platform == 'linux' and platform_machine == 'x86_64'"
 
 
 def _install_requires() -> list[str]:
@@ -185,7 +216,7 @@ setup(
     extras_require={
         "demo": ["flax", "matplotlib", "networkx", "scikit-learn"],
         "checkpoint": ["orbax-checkpoint"],
-        "test": ["pytest>=7", "flax", "matplotlib", "networkx", "orbax-checkpoint", "scipy",
+        "test": ["pytest>=7", "flax", _NCCL_WHEEL, "matplotlib", "networkx", "orbax-checkpoint", "scipy",
                  "scikit-learn", "sphinx>=7"],
         "docs": ["sphinx>=7"],
         "bench": ["matplotlib", "mpi4jax"],

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from jaxfog import _context, ffi
+from jaxfog import _context, _gpu, ffi
 from jaxfog import topology as T
 
 if TYPE_CHECKING:  # annotations only: importing jaxfog does not import JAX
@@ -81,6 +81,7 @@ class _State:
     machine_size: int
     homogeneous: bool
     timeout: float
+    gpu_backend: str | None  # "nccl", "mpi" (host staging) or None (no GPU)
     topology: T.Topology
     machine_topology: T.Topology
 
@@ -240,6 +241,13 @@ def init(topology: T.Topology | Any | None = None) -> None:
             comms[LEADERS_COMM_ID] = leaders
         for comm_id, member in comms.items():
             _register(lib, comm_id, member, timeout, max_message)
+        gpu_backend = _gpu.choose(_gpu.has_cuda(), ffi.nccl_built(), _gpu.requested())
+        if gpu_backend == "nccl":
+            checks = _gpu.start_nccl(lib, comm, timeout, max_message)
+            if checks is None:
+                gpu_backend = "mpi"
+            else:
+                comms[_gpu.NCCL_COMM_ID] = checks
         lib.jaxfog_set_async_min_bytes(_async_min_bytes_from_env(local_size))
         keep = _keep_freed_bytes_from_env()
         if keep:
@@ -252,6 +260,7 @@ def init(topology: T.Topology | Any | None = None) -> None:
     _state = _State(comm=comm, comms=comms, rank=rank, size=size, local_rank=local_rank,
                     local_size=local_size, machine_rank=machine_rank,
                     machine_size=machine_size, homogeneous=homogeneous, timeout=timeout,
+                    gpu_backend=gpu_backend,
                     topology=T.exponential(size), machine_topology=T.exponential(machine_size))
     _topology_changed()
     ffi.register_handlers()
@@ -345,6 +354,12 @@ def machine_size() -> int:
 def is_homogeneous() -> bool:
     """True if every machine runs the same number of processes."""
     return _world().homogeneous
+
+
+def gpu_backend() -> str | None:
+    """How ops on GPU arrays communicate: "nccl", "mpi" (host staging), or
+    None where JAX has no CUDA device."""
+    return _require().gpu_backend
 
 
 def timeout() -> float:

@@ -104,6 +104,14 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_op_table.restype = ctypes.c_char_p
     lib.jaxfog_traffic.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_int]
     lib.jaxfog_traffic.restype = ctypes.c_int
+    lib.jaxfog_nccl_id_bytes.restype = ctypes.c_int
+    lib.jaxfog_nccl_load.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int), *err]
+    lib.jaxfog_nccl_unique_id.argtypes = [ctypes.c_char_p, *err]
+    lib.jaxfog_register_nccl_comm.argtypes = [i64, ctypes.c_int, ctypes.c_double, i64,
+                                              ctypes.c_char_p, ctypes.c_int, *err]
+    for function in (lib.jaxfog_nccl_load, lib.jaxfog_nccl_unique_id,
+                     lib.jaxfog_register_nccl_comm):
+        function.restype = ctypes.c_int
     _check_same_mpi(lib)
     return lib
 
@@ -175,15 +183,86 @@ def _check_same_mpi(lib: ctypes.CDLL) -> None:
             "mpi4py at jaxfog's MPI with MPI4PY_LIBMPI")
 
 
+#: Set to 1, CPU ops run through the host-staging path of GPU arrays (with
+#: memcpy standing in for the device copies), so CPU tests cover its code.
+HOST_STAGING_ENV = "JAXFOG_HOST_STAGING"
+
+#: The NCCL transport's handlers (CUDA only; ``jaxfog/ffi/nccl_handlers.cc``).
+NCCL_TARGETS = ("jaxfog_nccl_exchange", "jaxfog_nccl_allreduce", "jaxfog_nccl_broadcast",
+                "jaxfog_nccl_allgather")
+
+
+def cuda_built() -> bool:
+    """Whether the library has the CUDA paths (host staging of GPU arrays)."""
+    return bool(build_info().get("cuda_built"))
+
+
+def nccl_built() -> bool:
+    """Whether the library has the NCCL transport."""
+    return bool(build_info().get("nccl_built"))
+
+
 @functools.cache
 def register_handlers() -> None:
-    """Registers every handler of the op table as a CPU custom-call target.
+    """Registers the op table's handlers as custom-call targets; once per process.
 
-    Once per process.
+    CPU: ``jaxfog_<op>`` (or its host-staged form under ``JAXFOG_HOST_STAGING=1``).
+    CUDA, when built: the same names, bound to the host-staged handlers, and
+    the NCCL transport's own targets. XLA picks the handler by platform.
     """
     import jax
 
     lib = library()
+    staged = os.environ.get(HOST_STAGING_ENV, "") not in ("", "0")
     for op in op_table().values():
-        jax.ffi.register_ffi_target(op.target, jax.ffi.pycapsule(getattr(lib, op.target)),
-                                    platform="cpu", api_version=1)
+        cpu = getattr(lib, op.target + ("_host_staged" if staged else ""))
+        jax.ffi.register_ffi_target(op.target, jax.ffi.pycapsule(cpu), platform="cpu",
+                                    api_version=1)
+        if cuda_built():
+            jax.ffi.register_ffi_target(op.target,
+                                        jax.ffi.pycapsule(getattr(lib, op.target + "_staged")),
+                                        platform="CUDA", api_version=1)
+    if nccl_built():
+        for name in NCCL_TARGETS:
+            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)),
+                                        platform="CUDA", api_version=1)
+
+
+def nccl_library_path() -> str:
+    """The libnccl to open: ``JAXFOG_NCCL_LIBRARY``, else the nvidia-nccl wheel's,
+    else "" (the loader's search path)."""
+    chosen = os.environ.get("JAXFOG_NCCL_LIBRARY")
+    if chosen:
+        return chosen
+    try:
+        import nvidia.nccl
+    except ImportError:
+        return ""
+    for root in getattr(nvidia.nccl, "__path__", []):
+        candidate = Path(root) / "lib" / "libnccl.so.2"
+        if candidate.exists():
+            return str(candidate)
+    return ""
+
+
+def load_nccl() -> int:
+    """Opens libnccl (once per process); returns its version code (e.g. 23203).
+
+    Raises FfiLibraryError if jaxfog was built without NCCL or none loads.
+    """
+    version = ctypes.c_int(0)
+    error = ctypes.create_string_buffer(1024)
+    if library().jaxfog_nccl_load(os.fsencode(nccl_library_path()), ctypes.byref(version),
+                                  error, len(error)):
+        raise FfiLibraryError(error.value.decode(errors="replace"))
+    return version.value
+
+
+def nccl_unique_id() -> bytes:
+    """A fresh NCCL unique id (after :func:`load_nccl`)."""
+    size = library().jaxfog_nccl_id_bytes()
+    buffer = ctypes.create_string_buffer(max(size, 1))
+    error = ctypes.create_string_buffer(1024)
+    if library().jaxfog_nccl_unique_id(buffer, error, len(error)):
+        raise FfiLibraryError(error.value.decode(errors="replace"))
+    return buffer.raw[:size]

@@ -11,6 +11,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <future>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +24,7 @@
 #include "ops.h"
 #include "registry.h"
 #include "scratch.h"
+#include "staging.h"
 #include "status.h"
 #include "timeline.h"
 #include "transport.h"
@@ -54,8 +58,9 @@ ffi::ErrorOr<std::vector<Leaf>> Inputs(ffi::RemainingArgs args, const char* op) 
           DTypeName(buffer.element_type())));
     }
     leaves.push_back({buffer.element_type(), buffer.element_count(), buffer.size_bytes(),
-                      buffer.untyped_data(), nullptr});
+                      HostInput(buffer.untyped_data(), buffer.size_bytes()), nullptr});
   }
+  JAXFOG_RETURN_IF_ERROR_OR(HostInputsReady());
   return leaves;
 }
 
@@ -65,7 +70,7 @@ ffi::ErrorOr<std::vector<Leaf>> Outputs(ffi::RemainingRets rets) {
     JAXFOG_ASSIGN_OR_RETURN(result, rets.get<ffi::AnyBuffer>(i));
     ffi::AnyBuffer& b = *result;
     leaves.push_back({b.element_type(), b.element_count(), b.size_bytes(), nullptr,
-                      b.untyped_data()});
+                      HostOutput(b.untyped_data(), b.size_bytes())});
   }
   return leaves;
 }
@@ -222,7 +227,8 @@ struct Property {
   static ffi::Error Handle(int64_t comm_id, ffi::Result<ffi::BufferR0<ffi::S32>> out) {
     ffi::ErrorOr<Transport*> transport = LookupTransport(comm_id);
     if (transport.has_error()) return transport.error();
-    out->typed_data()[0] = ((*transport)->*Get)();
+    *static_cast<int32_t*>(HostOutput(out->typed_data(), sizeof(int32_t))) =
+        ((*transport)->*Get)();
     return ffi::Error::Success();
   }
   static auto Bind() {
@@ -257,7 +263,7 @@ struct Handler<OpCode::kFence> {
   // finished; `done` is a result to wait on (always 0).
   static ffi::Future Handle(ffi::Token, ffi::Result<ffi::Token>,
                             ffi::Result<ffi::BufferR0<ffi::S32>> done) {
-    done->typed_data()[0] = 0;
+    *static_cast<int32_t*>(HostOutput(done->typed_data(), sizeof(int32_t))) = 0;
     return CommThread::Global().Fence();
   }
   static auto Bind() {
@@ -371,7 +377,9 @@ ffi::ErrorOr<Job> NeighborAllreduceJob(int64_t comm_id, int64_t signature, F64s 
                                        ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                                        ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, OpCode::kNeighborAllreduce));
-  JAXFOG_ASSIGN_OR_RETURN(entry, SelectEntry(step.typed_data()[0], self_weights, send_offsets,
+  const void* at_step = HostInput(step.typed_data(), sizeof(int32_t));
+  JAXFOG_RETURN_IF_ERROR_OR(HostInputsReady());
+  JAXFOG_ASSIGN_OR_RETURN(entry, SelectEntry(*static_cast<const int32_t*>(at_step), self_weights, send_offsets,
                                              send_ranks, send_weights, recv_offsets,
                                              recv_ranks, recv_weights, call.transport->size()));
   return TracedJob(OpCode::kNeighborAllreduce, comm_id, call.transport, signature,
@@ -988,8 +996,8 @@ ffi::ErrorOr<Job> WinStateJob(int64_t win_id, ffi::Token, ffi::Result<ffi::Token
       (weight_type != ffi::DataType::F32 && weight_type != ffi::DataType::F64)) {
     return ffi::Unexpected<ffi::Error>(Malformed(OpCode::kWinState));
   }
-  void* counts = versions->untyped_data();
-  void* p = weight->untyped_data();
+  void* counts = HostOutput(versions->untyped_data(), versions->size_bytes());
+  void* p = HostOutput(weight->untyped_data(), weight->size_bytes());
   return Job{0, [=]() -> ffi::Error {
     std::vector<int64_t> read(window->slots());
     JAXFOG_RETURN_IF_ERROR(window->ReadVersions(read.data()));
@@ -1024,6 +1032,70 @@ struct Handler<OpCode::kWinState> : Async<WinStateJob> {
   }
 };
 
+// --- host staging (the GPU path without NCCL) --------------------------------
+
+ffi::Error Wait(ffi::Error error) { return error; }
+
+ffi::Error Wait(ffi::Future future) {
+  std::promise<ffi::Error> done;
+  future.OnReady([&done](const std::optional<ffi::Error>& error) {
+    done.set_value(error ? *error : ffi::Error::Success());
+  });
+  return done.get_future().get();
+}
+
+// Runs a handler with its buffers staged through the host by `copier`: its
+// inputs are copied to the host as it decodes them, the op runs (on the
+// communication thread, in order with every other op) and this thread waits
+// for it, then the outputs are copied back. Synchronous: the host scratch
+// must outlive the copies.
+template <typename Handle>
+struct StagedCall;
+template <typename R, typename... Args>
+struct StagedCall<R (*)(Args...)> {
+  template <R (*handle)(Args...)>
+  static ffi::Error Run(DeviceCopier* copier, Args... args) {
+    Staging staging(copier);
+    JAXFOG_RETURN_IF_ERROR(Wait(handle(std::move(args)...)));
+    return staging.Finish();
+  }
+};
+
+template <OpCode op>
+using StagedOf = StagedCall<decltype(&Handler<op>::Handle)>;
+
+// Op `op` over host memory standing in for a device (JAXFOG_HOST_STAGING=1):
+// the staged path's code, testable on CPU machines.
+template <OpCode op, typename Signature = decltype(&Handler<op>::Handle)>
+struct HostStaged;
+template <OpCode op, typename R, typename... Args>
+struct HostStaged<op, R (*)(Args...)> {
+  static ffi::Error Handle(Args... args) {
+    HostCopier copier;
+    return StagedOf<op>::template Run<&Handler<op>::Handle>(&copier, std::move(args)...);
+  }
+  static auto Bind() { return Handler<op>::Bind(); }
+};
+
+// Op `op` on CUDA buffers, staged on the stream XLA gives the call. Not
+// CUDA-graph compatible (no traits): it talks to MPI and waits on the host.
+template <OpCode op, typename Signature = decltype(&Handler<op>::Handle)>
+struct CudaStaged;
+template <OpCode op, typename R, typename... Args>
+struct CudaStaged<op, R (*)(Args...)> {
+  static ffi::Error Handle(Args... args, void* stream) {
+    std::unique_ptr<DeviceCopier> copier = MakeCudaCopier(stream);
+    if (!copier) {
+      return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                        std::string("jaxfog ") + OpName(op) +
+                            ": this library was built without CUDA; rebuild jaxfog with the "
+                            "CUDA toolkit (JAXFOG_CUDA_HOME) to run ops on GPU arrays");
+    }
+    return StagedOf<op>::template Run<&Handler<op>::Handle>(copier.get(), std::move(args)...);
+  }
+  static auto Bind() { return Handler<op>::Bind().template Ctx<ffi::PlatformStream<void*>>(); }
+};
+
 }  // namespace
 
 // The exported symbols jaxfog_<name>, one per op of the table. The library is
@@ -1034,6 +1106,16 @@ struct Handler<OpCode::kWinState> : Async<WinStateJob> {
                                 Handler<OpCode::k##Camel>::Bind());
 JAXFOG_OPS(JAXFOG_DEFINE_HANDLER)
 #undef JAXFOG_DEFINE_HANDLER
+// And per op, its host-staged forms: jaxfog_<name>_staged for CUDA buffers,
+// jaxfog_<name>_host_staged for CPU buffers (tests of the staged path).
+#define JAXFOG_DEFINE_STAGED(name, Camel, code, label)                                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_##name##_staged, CudaStaged<OpCode::k##Camel>::Handle, \
+                                CudaStaged<OpCode::k##Camel>::Bind());                     \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_##name##_host_staged,                               \
+                                HostStaged<OpCode::k##Camel>::Handle,                      \
+                                HostStaged<OpCode::k##Camel>::Bind());
+JAXFOG_OPS(JAXFOG_DEFINE_STAGED)
+#undef JAXFOG_DEFINE_STAGED
 #pragma GCC visibility pop
 
 }  // namespace jaxfog

@@ -128,8 +128,22 @@ def define(op: str, out_avals: Callable[..., list],
     def lowering(ctx, *operands, **params):
         return lower_comm_call(ctx, name, operands, attributes(ctx.avals_in, **params))
 
-    mlir.register_lowering(prim, lowering, platform="cpu")
+    register_lowering(prim, lowering)
     return prim
+
+
+#: The lowering of each communicating primitive shared by CPU and CUDA (where
+#: it runs the op with host staging), by primitive; the NCCL rules
+#: (``jaxfog.ops.nccl``) fall back to it.
+GENERIC_LOWERINGS: dict[jex_core.Primitive, Callable] = {}
+
+
+def register_lowering(prim: jex_core.Primitive, lowering: Callable) -> None:
+    """Lowers ``prim`` with ``lowering`` on CPU and on CUDA (the same custom
+    call: XLA binds it to the CPU handler or to its host-staged CUDA form)."""
+    GENERIC_LOWERINGS[prim] = lowering
+    for platform in ("cpu", "cuda"):
+        mlir.register_lowering(prim, lowering, platform=platform)
 
 
 def signature(op: str, avals: Sequence[Any]) -> int:

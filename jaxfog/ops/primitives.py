@@ -25,13 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import core
 from jax.extend import core as jex_core
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
 from jaxfog import runtime
 from jaxfog.ops import _plan
 from jaxfog.ops.jit import jit
 from jaxfog.ops._primitive import (comm_effect, define, linear_jvp, linear_transpose,
-                                   lower_comm_call, signature, target)
+                                   lower_comm_call, register_lowering, signature, target)
 
 
 def _same_avals(*avals, **params) -> list:
@@ -223,18 +223,16 @@ def _barrier_impl(*, comm_id: int):
     return out
 
 
-mlir.register_lowering(
+register_lowering(
     barrier_p, lambda ctx, *, comm_id: lower_comm_call(ctx, barrier_p.name, [],
-                                                        {"comm_id": comm_id}),
-    platform="cpu")
+                                                        {"comm_id": comm_id}))
 
 # Completes after every op handed to the communication thread before it; in
 # order with the other ops, and across calls in dispatch order.
 fence_p = jex_core.Primitive(target("fence"))
 fence_p.def_effectful_abstract_eval(
     lambda: (core.ShapedArray((), jnp.int32), {comm_effect}))
-mlir.register_lowering(
-    fence_p, lambda ctx: lower_comm_call(ctx, fence_p.name, [], {}), platform="cpu")
+register_lowering(fence_p, lambda ctx: lower_comm_call(ctx, fence_p.name, [], {}))
 
 
 @functools.cache

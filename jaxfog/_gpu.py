@@ -1,0 +1,101 @@
+"""Which transport GPU arrays take, and the NCCL communicator's set-up.
+
+On a process whose JAX has CUDA devices, ops on GPU arrays lower for the CUDA
+platform to either
+
+* ``"nccl"``: the NCCL transport (grouped ncclSend/ncclRecv and NCCL
+  collectives on the stream XLA gives each call), when the library was built
+  with NCCL, libnccl loads, and every rank's communicator comes up; or
+* ``"mpi"``: host staging (device to host, the MPI op, host to device, on
+  the call's stream), when NCCL is not built, ``JAXFOG_BACKEND=mpi``, or
+  NCCL refuses (e.g. two ranks on one GPU).
+
+Setting up NCCL is collective, so it happens in ``jaxfog.init()``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from jaxfog import ffi
+
+#: ``mpi`` forces host staging for GPU arrays; ``nccl`` makes a failure to set
+#: NCCL up an error instead of a fallback.
+BACKEND_ENV = "JAXFOG_BACKEND"
+#: The communicator id of the NCCL transport in the C++ registry.
+NCCL_COMM_ID = 3
+
+
+def has_cuda() -> bool:
+    """Whether JAX in this process has CUDA devices (without initialising
+    other backends)."""
+    import jax
+
+    try:
+        return bool(jax.devices("cuda"))
+    except RuntimeError:
+        return False
+
+
+def requested() -> str:
+    """``JAXFOG_BACKEND``: "" (choose), "mpi" or "nccl"."""
+    value = os.environ.get(BACKEND_ENV, "").strip().lower()
+    if value not in ("", "mpi", "nccl"):
+        raise ValueError(f"{BACKEND_ENV}={value!r}: expected 'mpi' or 'nccl'")
+    return value
+
+
+def choose(has_gpu: bool, nccl_built: bool, wanted: str) -> str | None:
+    """The GPU transport to try: None without a GPU, else "nccl" or "mpi"."""
+    if wanted == "nccl" and not nccl_built:
+        raise RuntimeError(f"{BACKEND_ENV}=nccl, but jaxfog was built without NCCL "
+                           "(jaxfog info says why); rebuild with nvidia-nccl-cu13 installed")
+    if not has_gpu:
+        return None
+    return "nccl" if nccl_built and wanted != "mpi" else "mpi"
+
+
+def device_ordinal() -> int:
+    """The CUDA ordinal of this process's GPU: JAX's first local CUDA device
+    (``jaxfog run`` gives each local rank its own through CUDA_VISIBLE_DEVICES)."""
+    import jax
+
+    return jax.local_devices(backend="cuda")[0].local_hardware_id
+
+
+def start_nccl(lib, comm, timeout: float, max_message: int):
+    """Creates the NCCL communicator over ``comm``'s ranks; collective.
+
+    Returns the duplicated MPI communicator its header checks use (registered
+    under NCCL_COMM_ID with the NCCL transport), or None, with a warning,
+    where NCCL cannot be used on every rank and ``JAXFOG_BACKEND`` allows the
+    fallback to host staging.
+    """
+    from mpi4py import MPI
+
+    error = None
+    try:
+        ffi.load_nccl()
+        unique = ffi.nccl_unique_id() if comm.Get_rank() == 0 else None
+    except ffi.FfiLibraryError as failure:
+        error, unique = str(failure), None
+    # Every rank learns whether all could load NCCL before any enters its init.
+    if comm.allreduce(error is None, op=MPI.LAND):
+        unique = comm.bcast(unique, root=0)
+        checks = comm.Dup()
+        message = ffi.ctypes.create_string_buffer(1024)
+        if lib.jaxfog_register_nccl_comm(NCCL_COMM_ID, checks.py2f(), timeout, max_message,
+                                         unique, device_ordinal(), message, len(message)):
+            error = message.value.decode(errors="replace")
+        if comm.allreduce(error is None, op=MPI.LAND):
+            return checks
+        if error is None:
+            lib.jaxfog_release_comm(NCCL_COMM_ID)
+            error = "NCCL failed on another rank"
+        checks.Free()
+    if requested() == "nccl":
+        raise RuntimeError(f"jaxfog.init: {BACKEND_ENV}=nccl, but NCCL is unusable: {error}")
+    warnings.warn(f"jaxfog.init: NCCL is unusable ({error}); GPU arrays go through MPI "
+                  "with host staging", RuntimeWarning, stacklevel=3)
+    return None
