@@ -44,6 +44,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-elements", type=float, default=6.4e7,
                         help="skip n * d above this (memory and time on small machines)")
+    parser.add_argument("--agents", type=int, nargs="+", default=[16, 32, 64, 128, 256])
+    parser.add_argument("--dims", type=float, nargs="+", default=[1e4, 1e5, 1e6],
+                        help="values per agent (the GPU check: 1e4 to 1e7)")
     args = parser.parse_args()
     device = jax.devices()[0]
     rows = []
@@ -52,8 +55,8 @@ def main() -> None:
               "dense W@X (ms) | dense / simulate |")
     print(f"device: {device.device_kind} ({device.platform}), jax {jax.__version__}\n")
     print(header + "\n" + "|---" * 10 + "|", flush=True)
-    for n in (16, 32, 64, 128, 256):
-        for d in (10_000, 100_000, 1_000_000):
+    for n in args.agents:
+        for d in map(int, args.dims):
             if n * d > args.max_elements:
                 continue
             x = jax.random.normal(jax.random.key(0), (n, d), jnp.float32)

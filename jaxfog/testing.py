@@ -46,11 +46,19 @@ class MpiResult:
                 f"output of all ranks:\n{self.output}")
 
 
+#: The JAX platforms the ranks of :func:`run_mpi` use (default ``cpu``).
+TEST_PLATFORMS_ENV = "JAXFOG_TEST_PLATFORMS"
+
+
 def run_mpi(nprocs: int, file: str | os.PathLike, function: str, *, timeout: float = 120,
             env: Mapping[str, str] | None = None) -> MpiResult:
-    """Runs ``function`` from ``file`` on ``nprocs`` ranks; never hangs past ``timeout``."""
+    """Runs ``function`` from ``file`` on ``nprocs`` ranks; never hangs past ``timeout``.
+
+    The ranks run JAX on the CPU, or on ``JAXFOG_TEST_PLATFORMS`` (e.g. ``cuda``:
+    the GPU check runs the multi-rank suite on GPU arrays).
+    """
     full_env = {**os.environ, "JAXFOG_TIMEOUT": "30", "PYTHONUNBUFFERED": "1",
-                "JAX_PLATFORMS": "cpu", **(env or {})}
+                "JAX_PLATFORMS": os.environ.get(TEST_PLATFORMS_ENV, "cpu"), **(env or {})}
     command = launcher.build_command(
         [sys.executable, "-m", "jaxfog.testing", str(Path(file).resolve()), function],
         nprocs, env=full_env)

@@ -14,7 +14,17 @@ C_API = {"jaxfog_register_mpi_comm", "jaxfog_release_comm", "jaxfog_timeline_sta
          "jaxfog_timeline_flush", "jaxfog_keep_freed_memory", "jaxfog_set_async_min_bytes",
          "jaxfog_async_min_bytes", "jaxfog_mpi_library_version", "jaxfog_mpi_query_thread",
          "jaxfog_build_info", "jaxfog_op_table", "jaxfog_win_create", "jaxfog_win_fill",
-         "jaxfog_win_free", "jaxfog_win_query", "jaxfog_win_mutex", "jaxfog_traffic"}
+         "jaxfog_win_free", "jaxfog_win_query", "jaxfog_win_mutex", "jaxfog_traffic",
+         "jaxfog_nccl_id_bytes", "jaxfog_nccl_load", "jaxfog_nccl_unique_id",
+         "jaxfog_register_nccl_comm"}
+
+
+def handler_symbols() -> set[str]:
+    """Per op, its handler and its two host-staged forms (CUDA buffers, and
+    CPU buffers for the tests), plus the NCCL transport's handlers if built."""
+    table = ffi.op_table().values()
+    symbols = {spec.target + suffix for spec in table for suffix in ("", "_staged", "_host_staged")}
+    return symbols | (set(ffi.NCCL_TARGETS) if ffi.nccl_built() else set())
 
 MESSAGE_OPS = {"neighbor_allreduce": 1, "neighbor_allgather": 2, "neighbor_reduce_scatter": 3,
                "allreduce": 4, "broadcast": 5, "allgather": 6}
@@ -41,7 +51,7 @@ def test_table_lists_exactly_the_exported_handlers():
     exported = {line.split()[-1] for line in out.splitlines()
                 if line.split() and line.split()[-1].startswith("jaxfog_")}
     assert C_API <= exported
-    assert exported - C_API == {spec.target for spec in ffi.op_table().values()}
+    assert exported - C_API == handler_symbols()
 
 
 def test_message_op_codes_are_unchanged():
@@ -55,9 +65,15 @@ def test_register_handlers_registers_every_target(monkeypatch):
 
     registered = []
     monkeypatch.setattr(jax.ffi, "register_ffi_target",
-                        lambda name, *args, **kwargs: registered.append(name))
+                        lambda name, *args, platform, **kwargs: registered.append((name, platform)))
     ffi.register_handlers.__wrapped__()  # uncached: the cached one may have run already
-    assert sorted(registered) == sorted(spec.target for spec in ffi.op_table().values())
+    targets = [spec.target for spec in ffi.op_table().values()]
+    expected = [(t, "cpu") for t in targets]
+    if ffi.cuda_built():  # the same names, bound to the host-staged CUDA handlers
+        expected += [(t, "CUDA") for t in targets]
+    if ffi.nccl_built():
+        expected += [(t, "CUDA") for t in ffi.NCCL_TARGETS]
+    assert sorted(registered) == sorted(expected)
 
 
 def test_python_primitives_name_exactly_the_table_targets():

@@ -6,7 +6,6 @@ on the backend :func:`jaxfog.ops.backends.current` picks: the FFI primitives
 the simulation's ``lax`` collectives. See ``docs/architecture.md``.
 """
 
-from jaxfog.ops import nccl as _nccl  # noqa: F401  (registers the CUDA lowerings)
 from jaxfog.ops.collective import allgather, allreduce, broadcast
 from jaxfog.ops.hierarchical import hierarchical_neighbor_allreduce
 from jaxfog.ops.neighbor import neighbor_allgather, neighbor_allreduce, pair_gossip

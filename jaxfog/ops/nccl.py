@@ -27,7 +27,6 @@ from jax import core
 from jax.interpreters import mlir
 
 from jaxfog import _gpu, runtime
-from jaxfog.ops import primitives as P
 from jaxfog.ops._primitive import GENERIC_LOWERINGS, lower_comm_call, signature
 
 EXCHANGE, ALLREDUCE, BROADCAST, ALLGATHER = (
@@ -79,7 +78,7 @@ def _exchange(ctx, values, avals, *, send_ranks, recv_ranks, stacked: bool, bloc
 
 def _neighbor_allreduce(ctx, step, *xs, plan, comm_id):
     if not active(comm_id) or plan.period != 1:
-        return GENERIC_LOWERINGS[P.neighbor_allreduce_p](ctx, step, *xs, plan=plan,
+        return GENERIC_LOWERINGS[ctx.primitive](ctx, step, *xs, plan=plan,
                                                          comm_id=comm_id)
     avals = ctx.avals_in[1:]
     self_weight = plan.self_weights[0]
@@ -114,7 +113,7 @@ def _neighbor_allreduce(ctx, step, *xs, plan, comm_id):
 
 def _neighbor_allgather(ctx, *xs, send_ranks, recv_ranks, out_shapes, comm_id):
     if not active(comm_id):
-        return GENERIC_LOWERINGS[P.neighbor_allgather_p](
+        return GENERIC_LOWERINGS[ctx.primitive](
             ctx, *xs, send_ranks=send_ranks, recv_ranks=recv_ranks, out_shapes=out_shapes,
             comm_id=comm_id)
     avals = ctx.avals_in
@@ -127,7 +126,7 @@ def _neighbor_allgather(ctx, *xs, send_ranks, recv_ranks, out_shapes, comm_id):
 
 def _neighbor_reduce_scatter(ctx, *xs, send_ranks, recv_ranks, out_shapes, comm_id):
     if not active(comm_id):
-        return GENERIC_LOWERINGS[P.neighbor_reduce_scatter_p](
+        return GENERIC_LOWERINGS[ctx.primitive](
             ctx, *xs, send_ranks=send_ranks, recv_ranks=recv_ranks, out_shapes=out_shapes,
             comm_id=comm_id)
     avals = ctx.avals_in
@@ -148,7 +147,7 @@ def _neighbor_reduce_scatter(ctx, *xs, send_ranks, recv_ranks, out_shapes, comm_
 def _allreduce(ctx, *xs, mean, comm_id):
     integer = any(jnp.issubdtype(a.dtype, jnp.integer) for a in ctx.avals_in)
     if not active(comm_id) or (mean and integer):
-        return GENERIC_LOWERINGS[P.allreduce_p](ctx, *xs, mean=mean, comm_id=comm_id)
+        return GENERIC_LOWERINGS[ctx.primitive](ctx, *xs, mean=mean, comm_id=comm_id)
     attributes = {"comm_id": _gpu.NCCL_COMM_ID,
                   "signature": signature("allreduce", ctx.avals_in)}
     sums = _call(ctx, ALLREDUCE, xs, ctx.avals_in, ctx.avals_out, attributes)
@@ -161,7 +160,7 @@ def _allreduce(ctx, *xs, mean, comm_id):
 
 def _broadcast(ctx, *xs, root, comm_id):
     if not active(comm_id):
-        return GENERIC_LOWERINGS[P.broadcast_p](ctx, *xs, root=root, comm_id=comm_id)
+        return GENERIC_LOWERINGS[ctx.primitive](ctx, *xs, root=root, comm_id=comm_id)
     attributes = {"comm_id": _gpu.NCCL_COMM_ID, "root": root,
                   "signature": signature("broadcast", ctx.avals_in)}
     return _call(ctx, BROADCAST, xs, ctx.avals_in, ctx.avals_out, attributes)
@@ -169,15 +168,15 @@ def _broadcast(ctx, *xs, root, comm_id):
 
 def _allgather(ctx, *xs, size, comm_id):
     if not active(comm_id):
-        return GENERIC_LOWERINGS[P.allgather_p](ctx, *xs, size=size, comm_id=comm_id)
+        return GENERIC_LOWERINGS[ctx.primitive](ctx, *xs, size=size, comm_id=comm_id)
     attributes = {"comm_id": _gpu.NCCL_COMM_ID,
                   "signature": signature("allgather", ctx.avals_in)}
     return _call(ctx, ALLGATHER, xs, ctx.avals_in, ctx.avals_out, attributes)
 
 
-for _prim, _rule in ((P.neighbor_allreduce_p, _neighbor_allreduce),
-                     (P.neighbor_allgather_p, _neighbor_allgather),
-                     (P.neighbor_reduce_scatter_p, _neighbor_reduce_scatter),
-                     (P.allreduce_p, _allreduce), (P.broadcast_p, _broadcast),
-                     (P.allgather_p, _allgather)):
-    mlir.register_lowering(_prim, _rule, platform="cuda")
+#: The CUDA rule of each primitive that NCCL covers, by op name
+#: (``jaxfog.ops.primitives`` registers them).
+RULES: dict[str, Callable] = {
+    "neighbor_allreduce": _neighbor_allreduce, "neighbor_allgather": _neighbor_allgather,
+    "neighbor_reduce_scatter": _neighbor_reduce_scatter, "allreduce": _allreduce,
+    "broadcast": _broadcast, "allgather": _allgather}

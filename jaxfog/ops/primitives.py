@@ -25,10 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import core
 from jax.extend import core as jex_core
-from jax.interpreters import ad, batching
+from jax.interpreters import ad, batching, mlir
 
 from jaxfog import runtime
-from jaxfog.ops import _plan
+from jaxfog.ops import _plan, nccl
 from jaxfog.ops.jit import jit
 from jaxfog.ops._primitive import (comm_effect, define, linear_jvp, linear_transpose,
                                    lower_comm_call, register_lowering, signature, target)
@@ -290,3 +290,11 @@ win_state_p = define(
     lambda avals_in, *, win_id, slots: {"win_id": win_id})
 for _prim in (win_put_p, win_accumulate_p, win_update_p):
     ad.primitive_jvps[_prim] = _not_differentiable(_prim)
+
+
+# On CUDA with the NCCL transport up, these lower to NCCL (jaxfog.ops.nccl);
+# otherwise, and for every other primitive, to the host-staged custom call.
+for _prim in (neighbor_allreduce_p, neighbor_allgather_p, neighbor_reduce_scatter_p,
+              allreduce_p, broadcast_p, allgather_p):
+    mlir.register_lowering(_prim, nccl.RULES[_prim.name.removeprefix("jaxfog_")],
+                           platform="cuda")

@@ -1,0 +1,125 @@
+"""The GPU benchmarks (issue 14), run by ``scripts/gpu_check.sh`` on the GPU machine.
+
+    python benchmarks/bench_gpu.py [--out benchmarks/results]
+
+1. The simulation backend on the GPU: ``bench_simulate.py`` with n = 16 to
+   1024 agents and d = 1e4 to 1e7 (against a jitted device copy and dense
+   ``W @ X`` in the same run).
+2. Exchange bandwidth, 1 KB to 256 MB per message: NCCL and host-staged MPI
+   (``jaxfog.allgather`` and, with two or more ranks, ``neighbor_allgather``)
+   against a jitted device copy and a host round trip (device to host to
+   device) of the same bytes, all in one run (``exchange_gpu.md``).
+3. The dispatch figure of the fast-path issue on GPU: ``bench_dispatch.py``.
+
+Each part runs as its own process so that one failure does not hide the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+SIZES = [2 ** k for k in range(10, 29, 2)]  # 1 KB .. 256 MB
+
+
+def _median(fn, repeats: int = 9) -> float:
+    import jax
+
+    for _ in range(2):
+        jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def exchange_body(out: str) -> None:
+    """On every rank (launched by ``jaxfog run``): times each path per size;
+    rank 0 writes the rows."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxfog as jf
+
+    jf.init()
+    rows = []
+    for nbytes in SIZES:
+        x = jnp.zeros(nbytes // 4, jnp.float32) + jf.rank()
+        copy = jax.jit(lambda v: v * 1.0)
+        row = {"bytes": nbytes, "backend": jf.runtime.gpu_backend(), "ranks": jf.size(),
+               "copy_ms": _median(lambda: copy(x)) * 1e3,
+               "host_round_trip_ms": _median(lambda: jax.device_put(np.asarray(x))) * 1e3}
+        gather = jf.jit(lambda v: jf.allgather(v))
+        row["allgather_ms"] = _median(lambda: gather(x)) * 1e3
+        if jf.size() > 1:
+            neighbors = jf.jit(lambda v: jf.neighbor_allgather(v))
+            row["neighbor_allgather_ms"] = _median(lambda: neighbors(x)) * 1e3
+        rows.append(row)
+    if jf.rank() == 0:
+        Path(out).write_text(json.dumps(rows))
+
+
+def _launch(nprocs: int, env: dict, out: Path) -> list[dict]:
+    command = ["jaxfog", "run", "-np", str(nprocs), sys.executable, __file__,
+               "--exchange-body", str(out)]
+    done = subprocess.run(command, env={**os.environ, "JAX_PLATFORMS": "cuda", **env},
+                          timeout=600, capture_output=True, text=True)
+    if done.returncode != 0 or not out.exists():
+        print(f"exchange {env} x{nprocs} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        return []
+    return json.loads(out.read_text())
+
+
+def exchange(out_dir: Path) -> None:
+    rows = []
+    for nprocs, env in ((1, {"JAXFOG_BACKEND": "nccl"}), (2, {"JAXFOG_BACKEND": "nccl"}),
+                        (2, {"JAXFOG_BACKEND": "mpi"}), (4, {"JAXFOG_BACKEND": "mpi"})):
+        rows += _launch(nprocs, env, out_dir / f"exchange_{nprocs}_{env['JAXFOG_BACKEND']}.json")
+    header = ("| backend | ranks | bytes | device copy (ms) | host round trip (ms) | "
+              "allgather (ms) | neighbor_allgather (ms) | allgather GB/s |")
+    lines = ["# Exchange on GPU arrays: NCCL and host-staged MPI", "",
+             "Medians of 9 blocking calls (jaxfog.jit); ranks share one GPU.", "", header,
+             "|---" * 8 + "|"]
+    for r in rows:
+        neighbor = r.get("neighbor_allgather_ms")
+        lines.append(f"| {r['backend']} | {r['ranks']} | {r['bytes']} | {r['copy_ms']:.3f} | "
+                     f"{r['host_round_trip_ms']:.3f} | {r['allgather_ms']:.3f} | "
+                     f"{'' if neighbor is None else f'{neighbor:.3f}'} | "
+                     f"{r['bytes'] * r['ranks'] / r['allgather_ms'] / 1e6:.2f} |")
+    (out_dir / "exchange_gpu.md").write_text("\n".join(lines) + "\n")
+    (out_dir / "exchange_gpu.json").write_text(json.dumps(rows, indent=1))
+    print("\n".join(lines))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--exchange-body", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.exchange_body:
+        exchange_body(args.exchange_body)
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    failed |= subprocess.run([sys.executable, str(HERE / "bench_simulate.py"),
+                              "--agents", "16", "32", "64", "128", "256", "512", "1024",
+                              "--dims", "1e4", "1e5", "1e6", "1e7",
+                              "--max-elements", "2.6e9"]).returncode
+    exchange(out)
+    failed |= subprocess.run([sys.executable, str(HERE / "bench_dispatch.py")]).returncode
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

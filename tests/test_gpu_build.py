@@ -1,0 +1,168 @@
+"""The GPU paths as far as a CPU machine can check them.
+
+* the build: CUDA staging and the NCCL transport compiled in, with neither
+  libcudart nor libnccl a load-time dependency;
+* NCCL loaded at run time from the nvidia-nccl-cu13 wheel (version, ids);
+* the backend choice and the CUDA lowerings (NCCL targets with the weighted
+  sums left to XLA, or the host-staged generic targets);
+* the host-staging code itself, on MPI ranks, with memcpy standing in for the
+  device copies (``JAXFOG_HOST_STAGING=1``): op results against numpy.
+
+What needs a GPU is in ``tests/test_gpu.py`` (run by ``scripts/gpu_check.sh``).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxfog as jf
+from jaxfog import _gpu, ffi, runtime
+from jaxfog.ops import _plan
+from jaxfog.ops import primitives as P
+from mpi_harness import mpi_test
+from jaxfog.testing import run_mpi
+import test_ops_mpi
+import test_window_mpi
+
+CUDA = Path("/usr/local/cuda")
+HAS_TOOLKIT = (CUDA / "include" / "cuda_runtime.h").exists() and any(
+    (CUDA / d / "libcudart_static.a").exists() for d in ("lib64", "lib"))
+HAS_NCCL_WHEEL = importlib.util.find_spec("nvidia.nccl") is not None
+STAGED = {"JAXFOG_HOST_STAGING": "1"}
+
+
+@pytest.mark.skipif(not HAS_TOOLKIT, reason="no CUDA toolkit on this machine")
+def test_gpu_paths_are_built():
+    info = ffi.build_info()
+    assert info["cuda_built"], info
+    assert info["nccl_built"] == HAS_NCCL_WHEEL, info
+
+
+def test_library_needs_neither_cudart_nor_nccl_to_load():
+    dynamic = subprocess.run(["readelf", "-d", str(ffi.LIBRARY_PATH)], capture_output=True,
+                             text=True, check=True).stdout
+    needed = re.findall(r"\(NEEDED\).*\[(.+)\]", dynamic)
+    assert needed and not [n for n in needed if "cuda" in n or "nccl" in n], needed
+
+
+@pytest.mark.skipif(not (HAS_NCCL_WHEEL and ffi.nccl_built()), reason="NCCL not built")
+def test_nccl_loads_from_the_wheel_and_makes_ids():
+    major, minor, patch = importlib.metadata.version("nvidia-nccl-cu13").split(".")[:3]
+    assert ffi.load_nccl() == int(major) * 10000 + int(minor) * 100 + int(patch)
+    first, second = ffi.nccl_unique_id(), ffi.nccl_unique_id()
+    assert len(first) == len(second) == 128 and first != second
+
+
+def test_backend_choice():
+    assert _gpu.choose(False, True, "") is None
+    assert _gpu.choose(True, True, "") == "nccl"
+    assert _gpu.choose(True, True, "mpi") == "mpi"
+    assert _gpu.choose(True, False, "") == "mpi"
+    with pytest.raises(RuntimeError, match="built without NCCL"):
+        _gpu.choose(True, False, "nccl")
+
+
+def test_backend_variable_is_checked(monkeypatch):
+    monkeypatch.setenv(_gpu.BACKEND_ENV, "gloo")
+    with pytest.raises(ValueError, match="JAXFOG_BACKEND='gloo'"):
+        _gpu.requested()
+
+
+def _cuda_targets(fn, *args) -> list[str]:
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return re.findall(r"custom_call @(\w+)", text)
+
+
+@pytest.fixture
+def nccl_state(monkeypatch):
+    """The runtime as after init() on a GPU machine whose NCCL came up (only the
+    lowering reads it here; nothing runs)."""
+    jf.init()
+    monkeypatch.setattr(runtime._state, "gpu_backend", "nccl")
+
+
+def test_cuda_lowering_without_nccl_is_host_staged():
+    jf.init()
+    x = jnp.ones((3, 2))
+    assert _cuda_targets(lambda x: jf.neighbor_allreduce(x), x) == ["jaxfog_neighbor_allreduce"]
+    assert _cuda_targets(lambda x: jf.allreduce(x), x) == ["jaxfog_allreduce"]
+    assert _cuda_targets(lambda x: jf.neighbor_allgather(x), x) == ["jaxfog_neighbor_allgather"]
+
+
+def test_cuda_lowering_with_nccl(nccl_state):
+    x = jnp.ones((3, 2))
+    assert _cuda_targets(lambda x: jf.neighbor_allreduce(x), x) == ["jaxfog_nccl_exchange"]
+    assert _cuda_targets(lambda x: jf.neighbor_allgather(x), x) == ["jaxfog_nccl_exchange"]
+    assert _cuda_targets(lambda x: jf.allreduce(x), x) == ["jaxfog_nccl_allreduce"]
+    assert _cuda_targets(lambda x: jf.broadcast(x, 0), x) == ["jaxfog_nccl_broadcast"]
+    assert _cuda_targets(lambda x: jf.allgather(x), x) == ["jaxfog_nccl_allgather"]
+    # grad: the adjoint exchange; scan: one exchange in the loop body.
+    grad = jax.grad(lambda x: (jf.neighbor_allreduce(x) ** 2).sum())
+    assert _cuda_targets(grad, x) == ["jaxfog_nccl_exchange"] * 2
+    body = lambda c, _: (jf.neighbor_allreduce(c), None)  # noqa: E731
+    assert _cuda_targets(lambda x: jax.lax.scan(body, x, None, length=4)[0], x) == [
+        "jaxfog_nccl_exchange"]
+    # What NCCL does not cover keeps the host-staged call: integer means,
+    # periodic schedules.
+    assert _cuda_targets(lambda x: jf.allreduce(x), jnp.arange(3)) == ["jaxfog_allreduce"]
+    schedule = _plan.Plan((0.5, 0.5), sends=((), ()), recvs=((), ()))
+    staged = lambda x: P.neighbor_allreduce_p.bind(jnp.int32(0), x, plan=schedule, comm_id=0)  # noqa: E731
+    assert _cuda_targets(staged, x) == ["jaxfog_neighbor_allreduce"]
+
+
+def test_nccl_lowering_leaves_the_weighted_sum_to_xla(nccl_state):
+    """Push-pull weights: each destination gets its own scaled block, and
+    self and receive weights appear as XLA multiplies around one exchange."""
+    plan = _plan.Plan((0.375,), sends=(((1, 0.25), (2, 1.0)),), recvs=(((1, 0.125), (3, 0.5)),))
+    x = jnp.ones((3, 2))
+    fn = lambda x: P.neighbor_allreduce_p.bind(jnp.int32(0), x, plan=plan, comm_id=0)  # noqa: E731
+    text = jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    call = [line for line in text.splitlines() if "custom_call" in line]
+    assert len(call) == 1 and "stacked = true" in call[0], call
+    assert "send_ranks = dense<[1, 2]>" in call[0] and "recv_ranks = dense<[1, 3]>" in call[0]
+    assert "(!stablehlo.token, tensor<2x3x2xf32>) -> (!stablehlo.token, tensor<2x3x2xf32>)" in call[0]
+    constants = {float(c) for c in re.findall(r"constant dense<([-+.\deE]+)>", text)}
+    assert {0.25, 1.0, 0.375, 0.125, 0.5} <= constants, constants
+
+
+# --- the host-staged path on MPI ranks (memcpy for the device copies) ---------
+
+def _staged(test, nprocs=(3,)):
+    return mpi_test(nprocs, env=STAGED)(test.mpi_body)
+
+
+test_staged_static_topologies = _staged(test_ops_mpi.test_static_topologies_match_w_at_x)
+test_staged_schedules = _staged(test_ops_mpi.test_scheduled_under_control_flow_compiles_once)
+test_staged_pytrees_dtypes = _staged(test_ops_mpi.test_pytrees_dtypes_scalars_and_empty)
+test_staged_collectives = _staged(test_ops_mpi.test_collectives)
+test_staged_windows = _staged(test_window_mpi.test_put_accumulate_update_against_numpy)
+test_staged_window_state = _staged(test_window_mpi.test_get_versions_and_collect)
+
+
+def test_staged_calls_show_their_copies(tmp_path):
+    """The staged handlers ran (not the plain ones): their copy spans are in
+    the timeline, inside each op."""
+    trace = tmp_path / "trace.json"
+    result = run_mpi(2, __file__, "_body_for_timeline", timeout=120,
+                     env={**STAGED, "JAXFOG_TIMELINE": str(trace)})
+    assert result.ok, result.report()
+    events = json.loads((tmp_path / "trace.rank0.json").read_text())["traceEvents"]
+    names = [e["name"] for e in events if e.get("ph") == "X"]
+    assert names.count("stage in") >= 2 and names.count("stage out") >= 2, names
+
+
+def _body_for_timeline():
+    jf.init()
+    x = jnp.arange(4.0) + jf.rank()
+    np.testing.assert_allclose(jf.allreduce(x), np.arange(4.0) + 0.5)
+    np.testing.assert_allclose(jf.neighbor_allreduce(x), np.arange(4.0) + 0.5)
