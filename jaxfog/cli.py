@@ -115,13 +115,25 @@ def info_lines() -> list[str]:
             "built with: " + ("bazel" if build.get("builder") == "bazel" else
                               f"{build.get('mpicxx')} ("
                               f"{'system MPI' if build.get('system_mpi') else 'mpich wheel'})"),
+            f"CUDA support built: {'yes' if build.get('cuda_built') else 'no'}"
+            f" (CUDA toolkit: {build.get('cuda_home') or 'not found'})",
             f"NCCL support built: {'yes' if build.get('nccl_built') else 'no'}"
-            f" (CUDA headers: {build.get('cuda_home') or 'not found'}; "
-            f"NCCL headers: {build.get('nccl_include') or 'not found'})",
+            f" (NCCL headers: {build.get('nccl_include') or 'not found'})",
+            f"NCCL library: {_nccl_version() if build.get('nccl_built') else 'not used'}",
         ]
     except ImportError as err:
         lines.append(f"FFI library: NOT USABLE: {err}")
     return lines
+
+
+def _nccl_version() -> str:
+    """The version of the libnccl jaxfog would open, or why none opens."""
+    try:
+        code = ffi.load_nccl()
+    except ffi.FfiLibraryError as err:
+        return f"NOT LOADABLE: {err}"
+    return (f"{code // 10000}.{code // 100 % 100}.{code % 100} "
+            f"({ffi.nccl_library_path() or 'the loader search path'})")
 
 
 def _info(args: argparse.Namespace) -> int:

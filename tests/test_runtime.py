@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+
 import subprocess
 import sys
 
@@ -110,11 +113,16 @@ def test_info_reports_versions_mpi_and_library():
     assert f"MPI library: {MPI.Get_library_version().splitlines()[0]}" in text
     assert "MPI thread level: MPI_THREAD_MULTIPLE" in text
     assert f"FFI library: {ffi.LIBRARY_PATH}" in text and ffi.LIBRARY_PATH.exists()
-    assert "NCCL support built: no" in text
+    build = ffi.build_info()
+    assert f"CUDA support built: {'yes' if build['cuda_built'] else 'no'}" in text
+    assert f"NCCL support built: {'yes' if build['nccl_built'] else 'no'}" in text
+    if build["nccl_built"] and importlib.util.find_spec("nvidia.nccl"):
+        version = importlib.metadata.version("nvidia-nccl-cu13")
+        assert f"NCCL library: {version} (" in text, text
 
 
 def test_build_info_names_the_mpi_built_against():
     info = ffi.build_info()
-    assert info["nccl_built"] is False
+    assert info["nccl_built"] == (info["cuda_built"] and info["nccl_include"] is not None)
     assert info["mpicxx"].endswith("mpicxx")
     assert "-lmpi" in info["mpi_flags"]
