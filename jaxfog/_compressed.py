@@ -180,11 +180,12 @@ def resolve_groups(compressor: C.Compressor, tree: Tree, groups: Any) -> C.Group
 
 
 def prepare(plan: dict, topology: Any, compressor: C.Compressor, params: Tree,
-            groups: Any, *, neighbors: bool = True) -> None:
+            groups: Any, *, neighbors: bool = True, anew: bool = False) -> None:
     """Fills ``plan`` (groups, and links unless ``neighbors=False``) for
-    ``params``' structure, again when it changed."""
+    ``params``' structure, again when it changed, or always with ``anew``
+    (``init``: the topology may have changed since)."""
     signature = (jax.tree.structure(params), tuple(np.shape(x) for x in jax.tree.leaves(params)))
-    if plan.get("signature") != signature:
+    if anew or plan.get("signature") != signature:
         plan.update(signature=signature, groups=resolve_groups(compressor, params, groups),
                     links=links(topology) if neighbors else None)
 
@@ -278,8 +279,7 @@ def choco(inner: optax.GradientTransformation, *, compressor: C.Compressor, gamm
     plan: dict[str, Any] = {}
 
     def init(params):
-        plan.clear()
-        prepare(plan, topology, compressor, params, groups)
+        prepare(plan, topology, compressor, params, groups, anew=True)
         key = agent_key(seed)
         parts = C.merge(params, plan["groups"])
         return ChocoState(inner.init(params),
@@ -369,8 +369,7 @@ def beer(learning_rate: float, *, compressor: C.Compressor, gamma: float,
     plan: dict[str, Any] = {}
 
     def init(params):
-        plan.clear()
-        prepare(plan, topology, compressor, params, groups)
+        prepare(plan, topology, compressor, params, groups, anew=True)
         key = agent_key(seed)
         parts = C.merge(params, plan["groups"])
         k = degree(plan["links"])

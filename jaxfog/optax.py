@@ -343,8 +343,7 @@ def _compressed_awc(inner: optax.GradientTransformation, topology: Any,
     plan: dict[str, Any] = {}
 
     def init(params):
-        plan.clear()
-        CG.prepare(plan, topology, compressor, params, groups)
+        CG.prepare(plan, topology, compressor, params, groups, anew=True)
         return CG.feedback_init(plan, params, inner.init(params), seed)
 
     def update(grads, state, params=None, **extra):
@@ -427,8 +426,7 @@ def gradient_allreduce(inner: optax.GradientTransformation, *,
     plan: dict[str, Any] = {}
 
     def init(params):
-        plan.clear()
-        CG.prepare(plan, None, compressor, params, groups, neighbors=False)
+        CG.prepare(plan, None, compressor, params, groups, neighbors=False, anew=True)
         return CG.feedback_init(plan, params, inner.init(params), seed)
 
     def update_compressed(grads, state, params=None, **extra):

@@ -214,11 +214,12 @@ def register_handlers() -> None:
 
     lib = library()
     staged = os.environ.get(HOST_STAGING_ENV, "") not in ("", "0")
+    cuda = cuda_built()
     for op in op_table().values():
         cpu = getattr(lib, op.target + ("_host_staged" if staged else ""))
         jax.ffi.register_ffi_target(op.target, jax.ffi.pycapsule(cpu), platform="cpu",
                                     api_version=1)
-        if cuda_built():
+        if cuda:
             jax.ffi.register_ffi_target(op.target,
                                         jax.ffi.pycapsule(getattr(lib, op.target + "_staged")),
                                         platform="CUDA", api_version=1)

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "call.h"
 #include "comm_thread.h"
 #include "dtype.h"
 #include "kernels.h"
@@ -34,46 +35,8 @@
 namespace jaxfog {
 namespace {
 
-using I64s = ffi::Span<const int64_t>;
-using F64s = ffi::Span<const double>;
-
 constexpr size_t kAlign = 64;
 size_t AlignUp(size_t n, size_t align = kAlign) { return (n + align - 1) / align * align; }
-
-struct Leaf {
-  ffi::DataType type;
-  size_t count;
-  size_t bytes;
-  const void* in;  // null for outputs
-  void* out;       // null for inputs
-};
-
-ffi::ErrorOr<std::vector<Leaf>> Inputs(ffi::RemainingArgs args, const char* op) {
-  std::vector<Leaf> leaves;
-  for (size_t i = 0; i < args.size(); ++i) {
-    JAXFOG_ASSIGN_OR_RETURN(buffer, args.get<ffi::AnyBuffer>(i));
-    if (!IsSupported(buffer.element_type())) {
-      return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument(
-          std::string("jaxfog ") + op + ": unsupported dtype " +
-          DTypeName(buffer.element_type())));
-    }
-    leaves.push_back({buffer.element_type(), buffer.element_count(), buffer.size_bytes(),
-                      HostInput(buffer.untyped_data(), buffer.size_bytes()), nullptr});
-  }
-  JAXFOG_RETURN_IF_ERROR_OR(HostInputsReady());
-  return leaves;
-}
-
-ffi::ErrorOr<std::vector<Leaf>> Outputs(ffi::RemainingRets rets) {
-  std::vector<Leaf> leaves;
-  for (size_t i = 0; i < rets.size(); ++i) {
-    JAXFOG_ASSIGN_OR_RETURN(result, rets.get<ffi::AnyBuffer>(i));
-    ffi::AnyBuffer& b = *result;
-    leaves.push_back({b.element_type(), b.element_count(), b.size_bytes(), nullptr,
-                      HostOutput(b.untyped_data(), b.size_bytes())});
-  }
-  return leaves;
-}
 
 // Offsets of the leaves in a contiguous layout, each at a multiple of
 // `align`; returns its size. Buffers that kernels read are cache-line
@@ -201,33 +164,13 @@ struct Async<MakeJob> {
   static ffi::Future Handle(Args... args) { return Launch(MakeJob(std::move(args)...)); }
 };
 
-// Bindings (rvalue builders). Every pytree op starts with its communicator
-// and message signature, and takes the effect token, then its leaves; it
-// returns the token, then its leaves.
-auto Keyed() { return ffi::Ffi::Bind().Attr<int64_t>("comm_id").Attr<int64_t>("signature"); }
-
-template <typename Binding>
-auto Peers(Binding binding) {
-  return std::move(binding).template Attr<I64s>("send_ranks").template Attr<I64s>(
-      "recv_ranks");
-}
-
-template <typename Binding>
-auto PytreeOp(Binding binding) {
-  return std::move(binding)
-      .template Arg<ffi::Token>()
-      .RemainingArgs()
-      .template Ret<ffi::Token>()
-      .RemainingRets();
-}
-
 // rank and size: a property of communicator `comm_id`, as an int32 scalar.
 template <int (Transport::*Get)() const>
 struct Property {
   static ffi::Error Handle(int64_t comm_id, ffi::Result<ffi::BufferR0<ffi::S32>> out) {
     ffi::ErrorOr<Transport*> transport = LookupTransport(comm_id);
     if (transport.has_error()) return transport.error();
-    *static_cast<int32_t*>(HostOutput(out->typed_data(), sizeof(int32_t))) =
+    *static_cast<int32_t*>(OutputAt(out->typed_data(), sizeof(int32_t))) =
         ((*transport)->*Get)();
     return ffi::Error::Success();
   }
@@ -263,7 +206,7 @@ struct Handler<OpCode::kFence> {
   // finished; `done` is a result to wait on (always 0).
   static ffi::Future Handle(ffi::Token, ffi::Result<ffi::Token>,
                             ffi::Result<ffi::BufferR0<ffi::S32>> done) {
-    *static_cast<int32_t*>(HostOutput(done->typed_data(), sizeof(int32_t))) = 0;
+    *static_cast<int32_t*>(OutputAt(done->typed_data(), sizeof(int32_t))) = 0;
     return CommThread::Global().Fence();
   }
   static auto Bind() {
@@ -377,9 +320,8 @@ ffi::ErrorOr<Job> NeighborAllreduceJob(int64_t comm_id, int64_t signature, F64s 
                                        ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                                        ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, OpCode::kNeighborAllreduce));
-  const void* at_step = HostInput(step.typed_data(), sizeof(int32_t));
-  JAXFOG_RETURN_IF_ERROR_OR(HostInputsReady());
-  JAXFOG_ASSIGN_OR_RETURN(entry, SelectEntry(*static_cast<const int32_t*>(at_step), self_weights, send_offsets,
+  JAXFOG_ASSIGN_OR_RETURN(at, InputScalar<int32_t>(step.typed_data()));
+  JAXFOG_ASSIGN_OR_RETURN(entry, SelectEntry(at, self_weights, send_offsets,
                                              send_ranks, send_weights, recv_offsets,
                                              recv_ranks, recv_weights, call.transport->size()));
   return TracedJob(OpCode::kNeighborAllreduce, comm_id, call.transport, signature,
@@ -996,8 +938,8 @@ ffi::ErrorOr<Job> WinStateJob(int64_t win_id, ffi::Token, ffi::Result<ffi::Token
       (weight_type != ffi::DataType::F32 && weight_type != ffi::DataType::F64)) {
     return ffi::Unexpected<ffi::Error>(Malformed(OpCode::kWinState));
   }
-  void* counts = HostOutput(versions->untyped_data(), versions->size_bytes());
-  void* p = HostOutput(weight->untyped_data(), weight->size_bytes());
+  void* counts = OutputAt(versions->untyped_data(), versions->size_bytes());
+  void* p = OutputAt(weight->untyped_data(), weight->size_bytes());
   return Job{0, [=]() -> ffi::Error {
     std::vector<int64_t> read(window->slots());
     JAXFOG_RETURN_IF_ERROR(window->ReadVersions(read.data()));

@@ -5,9 +5,11 @@
 #ifdef JAXFOG_WITH_NCCL
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "call.h"
 #include "cuda_util.h"
 #include "nccl_transport.h"
 #include "registry.h"
@@ -17,44 +19,10 @@
 namespace jaxfog {
 namespace {
 
-using I64s = ffi::Span<const int64_t>;
-
-struct Buffer {
-  ffi::DataType type;
-  size_t count;
-  size_t bytes;
-  void* data;
-};
-
-std::vector<Buffer> Buffers(ffi::RemainingArgs args) {
-  std::vector<Buffer> buffers;
-  for (size_t i = 0; i < args.size(); ++i) {
-    ffi::ErrorOr<ffi::AnyBuffer> b = args.get<ffi::AnyBuffer>(i);
-    if (b.has_value()) {
-      buffers.push_back({b->element_type(), b->element_count(), b->size_bytes(),
-                         b->untyped_data()});
-    }
-  }
-  return buffers;
-}
-
-std::vector<Buffer> Buffers(ffi::RemainingRets rets) {
-  std::vector<Buffer> buffers;
-  for (size_t i = 0; i < rets.size(); ++i) {
-    ffi::ErrorOr<ffi::Result<ffi::AnyBuffer>> b = rets.get<ffi::AnyBuffer>(i);
-    if (b.has_value()) {
-      ffi::AnyBuffer& buffer = **b;
-      buffers.push_back({buffer.element_type(), buffer.element_count(), buffer.size_bytes(),
-                         buffer.untyped_data()});
-    }
-  }
-  return buffers;
-}
-
 // The NCCL transport registered under `comm_id`, with its leaves.
 struct NcclCall {
   NcclTransport* transport;
-  std::vector<Buffer> in, out;
+  std::vector<Leaf> in, out;
 };
 
 ffi::ErrorOr<NcclCall> Decode(int64_t comm_id, const char* op, ffi::RemainingArgs args,
@@ -67,13 +35,13 @@ ffi::ErrorOr<NcclCall> Decode(int64_t comm_id, const char* op, ffi::RemainingArg
         std::string("jaxfog ") + op + ": communicator " + std::to_string(comm_id) +
             " is not an NCCL communicator"));
   }
-  NcclCall call{nccl, Buffers(args), Buffers(rets)};
-  if (call.in.size() != args.size() || call.out.size() != rets.size() ||
-      call.in.size() != call.out.size()) {
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, op));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  if (in.size() != out.size()) {
     return ffi::Unexpected<ffi::Error>(
         ffi::Error::InvalidArgument(std::string("jaxfog ") + op + ": malformed call"));
   }
-  return call;
+  return NcclCall{nccl, std::move(in), std::move(out)};
 }
 
 ffi::Error Malformed(const char* op, const std::string& what) {
@@ -94,8 +62,8 @@ ffi::Error Exchange(int64_t comm_id, int64_t signature, I64s send_ranks, I64s re
   for (size_t s = 0; s < n_send; ++s) sends.push_back({static_cast<int>(send_ranks[s]), {}});
   for (size_t j = 0; j < n_recv; ++j) recvs.push_back({static_cast<int>(recv_ranks[j]), {}});
   for (size_t l = 0; l < call.in.size(); ++l) {
-    const Buffer& in = call.in[l];
-    const Buffer& out = call.out[l];
+    const Leaf& in = call.in[l];
+    const Leaf& out = call.out[l];
     if (stacked && n_send && in.bytes % n_send) return Malformed(kOp, "send blocks");
     if (n_recv && out.bytes % n_recv) return Malformed(kOp, "receive blocks");
     const size_t send_block = stacked ? (n_send ? in.bytes / n_send : 0) : in.bytes;
@@ -103,10 +71,10 @@ ffi::Error Exchange(int64_t comm_id, int64_t signature, I64s send_ranks, I64s re
     if (n_send && n_recv && send_block != recv_block) return Malformed(kOp, "block sizes");
     for (size_t s = 0; s < n_send; ++s) {
       sends[s].pieces.push_back(
-          {static_cast<const char*>(in.data) + (stacked ? s * send_block : 0), send_block});
+          {static_cast<const char*>(in.in) + (stacked ? s * send_block : 0), send_block});
     }
     for (size_t j = 0; j < n_recv; ++j) {
-      recvs[j].pieces.push_back({static_cast<char*>(out.data) + j * recv_block, recv_block});
+      recvs[j].pieces.push_back({static_cast<char*>(out.out) + j * recv_block, recv_block});
     }
   }
   NcclTransport::StreamScope scope(stream);
@@ -114,67 +82,67 @@ ffi::Error Exchange(int64_t comm_id, int64_t signature, I64s send_ranks, I64s re
   return call.transport->Exchange(info, sends, recvs);
 }
 
-// out[l] = the sum over ranks of in[l], all leaves in one NCCL group.
+// A collective op on every leaf: one header check, one NCCL group; `enqueue`
+// issues leaf l's NCCL call; `figure(nccl, bytes)` is what comm_stats counts
+// for `bytes` of input.
+template <typename Figure, typename Enqueue>
+ffi::Error Collective(OpCode op, int64_t comm_id, int64_t signature, ffi::RemainingArgs args,
+                      ffi::RemainingRets rets, cudaStream_t stream, Figure figure,
+                      Enqueue enqueue) {
+  JAXFOG_ASSIGN_OR_FAIL(call, Decode(comm_id, OpName(op), args, rets));
+  NcclTransport::StreamScope scope(stream);
+  NcclTransport* nccl = call.transport;
+  const OpInfo info{op, static_cast<uint64_t>(signature)};
+  return nccl->Collective(info, std::invoke(figure, *nccl, TotalBytes(call.in)), [&](cudaStream_t s) -> ffi::Error {
+    for (size_t l = 0; l < call.in.size(); ++l) {
+      JAXFOG_RETURN_IF_ERROR(enqueue(nccl, call.in[l], call.out[l], s));
+    }
+    return ffi::Error::Success();
+  });
+}
+
+// out[l] = the sum over ranks of in[l].
 ffi::Error Allreduce(int64_t comm_id, int64_t signature, ffi::Token, ffi::RemainingArgs args,
                      ffi::Result<ffi::Token>, ffi::RemainingRets rets, cudaStream_t stream) {
-  JAXFOG_ASSIGN_OR_FAIL(call, Decode(comm_id, "allreduce (NCCL)", args, rets));
-  NcclTransport::StreamScope scope(stream);
-  const OpInfo info{OpCode::kAllreduce, static_cast<uint64_t>(signature)};
-  NcclTransport::Group group(call.transport->api());
-  for (size_t l = 0; l < call.in.size(); ++l) {
-    JAXFOG_RETURN_IF_ERROR(call.transport->Allreduce(info, call.in[l].data, call.out[l].data,
-                                                     call.in[l].count, call.in[l].type));
-  }
-  return group.End();
+  return Collective(OpCode::kAllreduce, comm_id, signature, args, rets, stream,
+                    &NcclTransport::AllreduceBytes,
+                    [](NcclTransport* nccl, const Leaf& in, const Leaf& out, cudaStream_t s) {
+                      return nccl->EnqueueAllreduce(in.in, out.out, in.count, in.type, s);
+                    });
 }
 
 // out[l] = root's in[l].
 ffi::Error Broadcast(int64_t comm_id, int64_t signature, int64_t root, ffi::Token,
                      ffi::RemainingArgs args, ffi::Result<ffi::Token>, ffi::RemainingRets rets,
                      cudaStream_t stream) {
-  JAXFOG_ASSIGN_OR_FAIL(call, Decode(comm_id, "broadcast (NCCL)", args, rets));
-  NcclTransport::StreamScope scope(stream);
-  const OpInfo info{OpCode::kBroadcast, static_cast<uint64_t>(signature)};
-  if (call.transport->rank() == root) {
-    for (size_t l = 0; l < call.in.size(); ++l) {
-      if (!call.in[l].bytes) continue;
-      JAXFOG_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(call.out[l].data, call.in[l].data,
-                                                  call.in[l].bytes, cudaMemcpyDeviceToDevice,
-                                                  stream));
-    }
-  }
-  NcclTransport::Group group(call.transport->api());
-  for (size_t l = 0; l < call.out.size(); ++l) {
-    JAXFOG_RETURN_IF_ERROR(call.transport->Broadcast(info, call.out[l].data, call.out[l].bytes,
-                                                     static_cast<int>(root)));
-  }
-  return group.End();
+  return Collective(
+      OpCode::kBroadcast, comm_id, signature, args, rets, stream,
+      [root](const NcclTransport& nccl, size_t bytes) {
+        return nccl.BroadcastBytes(bytes, static_cast<int>(root));
+      },
+      [root](NcclTransport* nccl, const Leaf& in, const Leaf& out, cudaStream_t s) {
+        if (nccl->rank() == root && in.bytes) {
+          JAXFOG_CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(out.out, in.in, in.bytes, cudaMemcpyDeviceToDevice, s));
+        }
+        return nccl->EnqueueBroadcast(out.out, out.bytes, static_cast<int>(root), s);
+      });
 }
 
 // out[l] = in[l] of ranks 0..n-1, concatenated along axis 0.
 ffi::Error Allgather(int64_t comm_id, int64_t signature, ffi::Token, ffi::RemainingArgs args,
                      ffi::Result<ffi::Token>, ffi::RemainingRets rets, cudaStream_t stream) {
-  JAXFOG_ASSIGN_OR_FAIL(call, Decode(comm_id, "allgather (NCCL)", args, rets));
-  NcclTransport::StreamScope scope(stream);
-  const OpInfo info{OpCode::kAllgather, static_cast<uint64_t>(signature)};
-  NcclTransport::Group group(call.transport->api());
-  for (size_t l = 0; l < call.in.size(); ++l) {
-    JAXFOG_RETURN_IF_ERROR(
-        call.transport->Allgather(info, call.in[l].data, call.out[l].data, call.in[l].bytes));
-  }
-  return group.End();
+  return Collective(OpCode::kAllgather, comm_id, signature, args, rets, stream,
+                    &NcclTransport::AllgatherBytes,
+                    [](NcclTransport* nccl, const Leaf& in, const Leaf& out, cudaStream_t s) {
+                      return nccl->EnqueueAllgather(in.in, out.out, in.bytes, s);
+                    });
 }
 
-auto Keyed() { return ffi::Ffi::Bind().Attr<int64_t>("comm_id").Attr<int64_t>("signature"); }
-
+// A pytree op on the stream XLA gives the call.
 template <typename Binding>
 auto Pytree(Binding binding) {
-  return std::move(binding)
-      .template Arg<ffi::Token>()
-      .RemainingArgs()
-      .template Ret<ffi::Token>()
-      .RemainingRets()
-      .template Ctx<ffi::PlatformStream<cudaStream_t>>();
+  return PytreeOp(std::move(binding)).template Ctx<ffi::PlatformStream<cudaStream_t>>();
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "cuda_util.h"
 #include "status.h"
+#include "traffic.h"
 
 namespace jaxfog {
 namespace {
@@ -67,19 +68,6 @@ NcclTransport::StreamScope::~StreamScope() {
   stream_set = previous_set_;
 }
 
-NcclTransport::Group::Group(const NcclApi* api) : api_(api), open_(true) {
-  api_->GroupStart();
-}
-
-NcclTransport::Group::~Group() {
-  if (open_) api_->GroupEnd();
-}
-
-ffi::Error NcclTransport::Group::End() {
-  open_ = false;
-  return NcclError(api_->GroupEnd(), "ncclGroupEnd");
-}
-
 ffi::ErrorOr<cudaStream_t> NcclTransport::Stream(const char* op) const {
   if (!stream_set) {
     return ffi::Unexpected<ffi::Error>(ffi::Error::Internal(
@@ -101,52 +89,89 @@ ffi::Error NcclTransport::Exchange(const OpInfo& info, const std::vector<SendSpe
   for (const SendSpec& send : sends) header_sends.push_back({send.peer, {}});
   for (const RecvSpec& recv : recvs) header_recvs.push_back({recv.peer, {}});
   JAXFOG_RETURN_IF_ERROR(checks_->Exchange(info, header_sends, header_recvs));
-  Group group(api_);
   const std::string what = std::string(OpName(info.op)) + ": ncclSend/ncclRecv";
-  for (const SendSpec& send : sends) {
-    for (const ConstPiece& piece : send.pieces) {
-      if (!piece.bytes) continue;  // both sides skip it: the sizes agreed above
-      JAXFOG_RETURN_IF_ERROR(NcclError(
-          api_->Send(piece.data, piece.bytes, ncclUint8, send.peer, comm_, stream), what, comm_));
+  size_t sent = 0;
+  JAXFOG_RETURN_IF_ERROR(Grouped([&]() -> ffi::Error {
+    for (const SendSpec& send : sends) {
+      for (const ConstPiece& piece : send.pieces) {
+        if (!piece.bytes) continue;  // both sides skip it: the sizes agreed above
+        sent += piece.bytes;
+        JAXFOG_RETURN_IF_ERROR(NcclError(
+            api_->Send(piece.data, piece.bytes, ncclUint8, send.peer, comm_, stream), what,
+            comm_));
+      }
     }
-  }
-  for (const RecvSpec& recv : recvs) {
-    for (const Piece& piece : recv.pieces) {
-      if (!piece.bytes) continue;
-      JAXFOG_RETURN_IF_ERROR(NcclError(
-          api_->Recv(piece.data, piece.bytes, ncclUint8, recv.peer, comm_, stream), what, comm_));
+    for (const RecvSpec& recv : recvs) {
+      for (const Piece& piece : recv.pieces) {
+        if (!piece.bytes) continue;
+        JAXFOG_RETURN_IF_ERROR(NcclError(
+            api_->Recv(piece.data, piece.bytes, ncclUint8, recv.peer, comm_, stream), what,
+            comm_));
+      }
     }
-  }
-  return group.End();
+    return ffi::Error::Success();
+  }));
+  traffic::AddData(info.op, static_cast<int64_t>(sent));
+  return ffi::Error::Success();
 }
 
-// Header-only collective check: every rank runs the same op and signature.
-ffi::Error NcclTransport::CheckCollective(const OpInfo& info) {
-  return checks_->Allgather(info, nullptr, nullptr, 0);
+ffi::Error NcclTransport::Grouped(const std::function<ffi::Error()>& enqueue) {
+  JAXFOG_RETURN_IF_ERROR(NcclError(api_->GroupStart(), "ncclGroupStart", comm_));
+  const ffi::Error status = enqueue();
+  // The group must be closed even after a failed call; the first error wins.
+  const ffi::Error end = NcclError(api_->GroupEnd(), "ncclGroupEnd", comm_);
+  return status.success() ? end : status;
 }
 
-ffi::Error NcclTransport::Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
-                                    ffi::DataType type) {
+ffi::Error NcclTransport::Collective(const OpInfo& info, int64_t bytes,
+                                     const std::function<ffi::Error(cudaStream_t)>& enqueue) {
   JAXFOG_ASSIGN_OR_FAIL(stream, Stream(OpName(info.op)));
+  // Header check: every rank runs the same op and signature (no data).
+  JAXFOG_RETURN_IF_ERROR(checks_->Allgather(info, nullptr, nullptr, 0));
+  JAXFOG_RETURN_IF_ERROR(Grouped([&] { return enqueue(stream); }));
+  traffic::AddData(info.op, bytes);
+  return ffi::Error::Success();
+}
+
+ffi::Error NcclTransport::EnqueueAllreduce(const void* in, void* out, size_t count,
+                                           ffi::DataType type, cudaStream_t stream) {
   JAXFOG_ASSIGN_OR_FAIL(nccl_type, NcclType(type));
-  JAXFOG_RETURN_IF_ERROR(CheckCollective(info));
   return NcclError(api_->AllReduce(in, out, count, nccl_type, ncclSum, comm_, stream),
                    "ncclAllReduce", comm_);
 }
 
-ffi::Error NcclTransport::Broadcast(const OpInfo& info, void* data, size_t bytes, int root) {
-  JAXFOG_ASSIGN_OR_FAIL(stream, Stream(OpName(info.op)));
-  JAXFOG_RETURN_IF_ERROR(CheckCollective(info));
+ffi::Error NcclTransport::EnqueueBroadcast(void* data, size_t bytes, int root,
+                                           cudaStream_t stream) {
   return NcclError(api_->Broadcast(data, data, bytes, ncclUint8, root, comm_, stream),
                    "ncclBroadcast", comm_);
 }
 
-ffi::Error NcclTransport::Allgather(const OpInfo& info, const void* in, void* out,
-                                    size_t bytes) {
-  JAXFOG_ASSIGN_OR_FAIL(stream, Stream(OpName(info.op)));
-  JAXFOG_RETURN_IF_ERROR(CheckCollective(info));
+ffi::Error NcclTransport::EnqueueAllgather(const void* in, void* out, size_t bytes,
+                                           cudaStream_t stream) {
   return NcclError(api_->AllGather(in, out, bytes, ncclUint8, comm_, stream), "ncclAllGather",
                    comm_);
+}
+
+// One buffer each: the Transport interface. comm_stats counts the same
+// logical figures as the MPI transport.
+ffi::Error NcclTransport::Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
+                                    ffi::DataType type) {
+  return Collective(info, AllreduceBytes(count * ffi::ByteWidth(type)), [&](cudaStream_t stream) {
+    return EnqueueAllreduce(in, out, count, type, stream);
+  });
+}
+
+ffi::Error NcclTransport::Broadcast(const OpInfo& info, void* data, size_t bytes, int root) {
+  return Collective(info, BroadcastBytes(bytes, root), [&](cudaStream_t stream) {
+    return EnqueueBroadcast(data, bytes, root, stream);
+  });
+}
+
+ffi::Error NcclTransport::Allgather(const OpInfo& info, const void* in, void* out,
+                                    size_t bytes) {
+  return Collective(info, AllgatherBytes(bytes), [&](cudaStream_t stream) {
+    return EnqueueAllgather(in, out, bytes, stream);
+  });
 }
 
 }  // namespace jaxfog

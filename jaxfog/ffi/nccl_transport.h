@@ -13,6 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -41,23 +42,32 @@ class NcclTransport final : public Transport {
     bool previous_set_;
   };
 
-  // One NCCL group around several calls (a pytree's leaves).
-  class Group {
-   public:
-    explicit Group(const NcclApi* api);
-    ~Group();
-    // Ends the group, launching its work; an error if NCCL fails.
-    ffi::Error End();
-
-   private:
-    const NcclApi* api_;
-    bool open_;
-  };
+  // Enqueues one collective op on several buffers (a pytree's leaves): one
+  // header check of `info` over MPI, then `enqueue(stream)`, which issues the
+  // NCCL calls (the Enqueue* functions), as one NCCL group. `bytes` is the
+  // data each rank hands NCCL (for comm_stats).
+  ffi::Error Collective(const OpInfo& info, int64_t bytes,
+                        const std::function<ffi::Error(cudaStream_t)>& enqueue);
+  // What comm_stats counts for a collective on `bytes` of input: the MPI
+  // transport's logical figures.
+  int64_t AllreduceBytes(size_t bytes) const {
+    return 2 * (size() - 1) * static_cast<int64_t>(bytes) / size();
+  }
+  int64_t BroadcastBytes(size_t bytes, int root) const {
+    return rank() == root ? (size() - 1) * static_cast<int64_t>(bytes) : 0;
+  }
+  int64_t AllgatherBytes(size_t bytes) const {
+    return (size() - 1) * static_cast<int64_t>(bytes);
+  }
+  ffi::Error EnqueueAllreduce(const void* in, void* out, size_t count, ffi::DataType type,
+                              cudaStream_t stream);
+  // In place on `data` (root's is the source).
+  ffi::Error EnqueueBroadcast(void* data, size_t bytes, int root, cudaStream_t stream);
+  ffi::Error EnqueueAllgather(const void* in, void* out, size_t bytes, cudaStream_t stream);
 
   int rank() const override { return checks_->rank(); }
   int size() const override { return checks_->size(); }
   uint64_t sequence() const override { return checks_->sequence(); }
-  const NcclApi* api() const { return api_; }
 
   // A host barrier (over MPI); it does not wait for work on the GPU.
   ffi::Error Barrier() override { return checks_->Barrier(); }
@@ -74,7 +84,8 @@ class NcclTransport final : public Transport {
   NcclTransport(const NcclApi* api, ncclComm_t comm, std::unique_ptr<Transport> checks)
       : api_(api), comm_(comm), checks_(std::move(checks)) {}
   ffi::ErrorOr<cudaStream_t> Stream(const char* op) const;
-  ffi::Error CheckCollective(const OpInfo& info);
+  // Runs `enqueue` between ncclGroupStart and ncclGroupEnd.
+  ffi::Error Grouped(const std::function<ffi::Error()>& enqueue);
 
   const NcclApi* api_;
   ncclComm_t comm_;

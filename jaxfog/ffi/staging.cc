@@ -38,52 +38,62 @@ Staging::~Staging() {
 
 Staging* Staging::Current() { return current_staging; }
 
-const void* Staging::Input(const void* data, size_t bytes) {
-  buffers_.push_back(ScratchPool::Global().Acquire(bytes));
-  char* host = buffers_.back().data();
-  if (status_.success()) status_ = copier_->ToHost(host, data, bytes);
-  in_flight_ = true;
-  return host;
+char* Staging::Scratch(const std::vector<size_t>& bytes, std::vector<size_t>* offsets) {
+  constexpr size_t kAlign = 64;
+  size_t total = 0;
+  for (size_t b : bytes) {
+    offsets->push_back(total);
+    total += (b + kAlign - 1) / kAlign * kAlign;
+  }
+  buffers_.push_back(ScratchPool::Global().Acquire(total));
+  return buffers_.back().data();
 }
 
-void* Staging::Output(void* data, size_t bytes) {
-  buffers_.push_back(ScratchPool::Global().Acquire(bytes));
-  char* host = buffers_.back().data();
-  outputs_.push_back({data, host, bytes});
-  return host;
-}
-
-ffi::Error Staging::InputsReady() {
-  JAXFOG_RETURN_IF_ERROR(status_);
+ffi::Error Staging::Inputs(std::vector<ConstPiece>* pieces) {
+  std::vector<size_t> bytes, offsets;
+  for (const ConstPiece& piece : *pieces) bytes.push_back(piece.bytes);
+  char* host = Scratch(bytes, &offsets);
+  for (size_t i = 0; i < pieces->size(); ++i) {
+    ConstPiece& piece = (*pieces)[i];
+    in_flight_ = true;
+    JAXFOG_RETURN_IF_ERROR(copier_->ToHost(host + offsets[i], piece.data, piece.bytes));
+    piece.data = host + offsets[i];
+  }
   timeline::Span span("stage in");
   in_flight_ = false;
   return copier_->Wait();
 }
 
+void Staging::Outputs(std::vector<Piece>* pieces) {
+  std::vector<size_t> bytes, offsets;
+  for (const Piece& piece : *pieces) bytes.push_back(piece.bytes);
+  char* host = Scratch(bytes, &offsets);
+  for (size_t i = 0; i < pieces->size(); ++i) {
+    Piece& piece = (*pieces)[i];
+    device_outputs_.push_back(piece);
+    host_outputs_.push_back({host + offsets[i], piece.bytes});
+    piece.data = host + offsets[i];
+  }
+}
+
 ffi::Error Staging::Finish() {
-  JAXFOG_RETURN_IF_ERROR(status_);
   timeline::Span span("stage out");
-  for (const Back& back : outputs_) {
+  for (size_t i = 0; i < device_outputs_.size(); ++i) {
     in_flight_ = true;
-    JAXFOG_RETURN_IF_ERROR(copier_->ToDevice(back.device, back.host, back.bytes));
+    JAXFOG_RETURN_IF_ERROR(copier_->ToDevice(device_outputs_[i].data, host_outputs_[i].data,
+                                             host_outputs_[i].bytes));
   }
   in_flight_ = false;
   return copier_->Wait();
 }
 
-const void* HostInput(const void* data, size_t bytes) {
+ffi::Error StageInputs(std::vector<ConstPiece>* pieces) {
   Staging* staging = Staging::Current();
-  return staging ? staging->Input(data, bytes) : data;
+  return staging ? staging->Inputs(pieces) : ffi::Error::Success();
 }
 
-void* HostOutput(void* data, size_t bytes) {
-  Staging* staging = Staging::Current();
-  return staging ? staging->Output(data, bytes) : data;
-}
-
-ffi::Error HostInputsReady() {
-  Staging* staging = Staging::Current();
-  return staging ? staging->InputsReady() : ffi::Error::Success();
+void StageOutputs(std::vector<Piece>* pieces) {
+  if (Staging* staging = Staging::Current()) staging->Outputs(pieces);
 }
 
 }  // namespace jaxfog

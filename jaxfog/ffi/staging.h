@@ -3,8 +3,8 @@
 // runs exactly as on CPU, and its outputs are copied back.
 //
 // A Staging installs itself for the calling thread; the handler code reads
-// and writes every buffer through HostInput/HostOutput, which are the
-// identity when no Staging is installed (plain CPU calls). So the staged
+// and writes every buffer through StageInputs/StageOutputs, which leave the
+// pointers alone when no Staging is installed (plain CPU calls). So the staged
 // path is the CPU path plus copies, not a second implementation of the ops.
 #ifndef JAXFOG_FFI_STAGING_H_
 #define JAXFOG_FFI_STAGING_H_
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "scratch.h"
+#include "transport.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxfog {
@@ -54,35 +55,31 @@ class Staging {
   // The staging installed for this thread, or null.
   static Staging* Current();
 
-  // A host copy of device input `data` (complete after InputsReady()).
-  const void* Input(const void* data, size_t bytes);
-  // Host memory standing for device output `data`, copied back by Finish().
-  void* Output(void* data, size_t bytes);
-  // Waits until every Input() so far is on the host.
-  ffi::Error InputsReady();
+  // Points `pieces` (device inputs) at host copies, in one scratch buffer;
+  // the copies are complete when it returns.
+  ffi::Error Inputs(std::vector<ConstPiece>* pieces);
+  // Points `pieces` (device outputs) at host memory, in one scratch buffer,
+  // that Finish() copies back.
+  void Outputs(std::vector<Piece>* pieces);
   // Copies the outputs back to the device and waits for the copies.
   ffi::Error Finish();
 
  private:
-  struct Back {
-    void* device;
-    const char* host;
-    size_t bytes;
-  };
+  // One scratch buffer for `pieces`, each at a cache-line multiple.
+  char* Scratch(const std::vector<size_t>& bytes, std::vector<size_t>* offsets);
+
   DeviceCopier* copier_;
   Staging* previous_;
-  ffi::Error status_ = ffi::Error::Success();  // the first failed copy
-  bool in_flight_ = false;                     // copies enqueued, not waited for
+  bool in_flight_ = false;  // copies enqueued, not waited for
   std::vector<ScratchPool::Lease> buffers_;
-  std::vector<Back> outputs_;
+  std::vector<Piece> device_outputs_;
+  std::vector<ConstPiece> host_outputs_;
 };
 
-// Where handler code reads input `data` / writes output `data`: the host copy
-// under a Staging, `data` itself otherwise.
-const void* HostInput(const void* data, size_t bytes);
-void* HostOutput(void* data, size_t bytes);
-// After the last HostInput of a call: its inputs are readable.
-ffi::Error HostInputsReady();
+// What handler code reads and writes: the pieces as given without a Staging
+// (plain CPU calls), host stand-ins under one.
+ffi::Error StageInputs(std::vector<ConstPiece>* pieces);
+void StageOutputs(std::vector<Piece>* pieces);
 
 }  // namespace jaxfog
 

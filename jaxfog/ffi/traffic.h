@@ -35,6 +35,14 @@ inline void Add(OpCode op, int64_t messages, int64_t bytes, int64_t header_bytes
   counters[kHeaderBytes].fetch_add(header_bytes, std::memory_order_relaxed);
 }
 
+// Data bytes moved by another channel than the call's messages (NCCL, whose
+// header check is the counted call).
+inline void AddData(OpCode op, int64_t bytes) {
+  const int row = static_cast<int>(op);
+  if (row < 0 || row >= kMaxOps) return;
+  Table()[row * kFields + kBytes].fetch_add(bytes, std::memory_order_relaxed);
+}
+
 }  // namespace traffic
 }  // namespace jaxfog
 

@@ -26,12 +26,10 @@ import numpy as np
 from jax import core
 from jax.interpreters import mlir
 
-from jaxfog import _gpu, runtime
+from jaxfog import _gpu, ffi, runtime
 from jaxfog.ops._primitive import GENERIC_LOWERINGS, lower_comm_call, signature
 
-EXCHANGE, ALLREDUCE, BROADCAST, ALLGATHER = (
-    "jaxfog_nccl_exchange", "jaxfog_nccl_allreduce", "jaxfog_nccl_broadcast",
-    "jaxfog_nccl_allgather")
+EXCHANGE, ALLREDUCE, BROADCAST, ALLGATHER = ffi.NCCL_TARGETS
 
 
 def active(comm_id: int) -> bool:
@@ -76,46 +74,43 @@ def _exchange(ctx, values, avals, *, send_ranks, recv_ranks, stacked: bool, bloc
     return _call(ctx, EXCHANGE, values, avals, outs, attributes), outs
 
 
+def _weighted(blocks, weights):
+    """sum_j weights[j] * blocks[j] over axis 0, accumulated as the CPU kernels do
+    (one fused XLA reduction, not a sum per neighbour)."""
+    acc = _accumulator(blocks.dtype)
+    w = jnp.asarray(weights, acc).reshape(-1, *([1] * (blocks.ndim - 1)))
+    return (blocks.astype(acc) * w).sum(axis=0)
+
+
 def _neighbor_allreduce(ctx, step, *xs, plan, comm_id):
-    if not active(comm_id) or plan.period != 1:
-        return GENERIC_LOWERINGS[ctx.primitive](ctx, step, *xs, plan=plan,
-                                                         comm_id=comm_id)
+    if plan.period != 1:  # schedules pick their entry at run time: host-staged
+        return None
     avals = ctx.avals_in[1:]
-    self_weight = plan.self_weights[0]
-    send_ranks = [r for r, _ in plan.sends[0]]
-    send_weights = [w for _, w in plan.sends[0]]
-    recv_weights = [w for _, w in plan.recvs[0]]
+    (self_weight,), (sends,), (recvs,) = plan.self_weights, plan.sends, plan.recvs
+    send_weights = [w for _, w in sends]
     stacked = any(w != 1.0 for w in send_weights)
     values, sent = list(xs), list(avals)
-    if stacked:
+    if stacked:  # one scaled copy per destination
         def scale(*leaves):
-            return [jnp.stack([(x.astype(_accumulator(x.dtype)) * w).astype(x.dtype)
-                               for w in send_weights]) for x in leaves]
-        sent = [_shaped((len(send_ranks), *a.shape), a.dtype) for a in avals]
+            return [(x.astype(_accumulator(x.dtype))[None]
+                     * jnp.asarray(send_weights, _accumulator(x.dtype)).reshape(
+                         -1, *([1] * x.ndim))).astype(x.dtype) for x in leaves]
+        sent = [_shaped((len(sends), *a.shape), a.dtype) for a in avals]
         values = _apply(ctx, scale, values, avals, sent)
     received, received_avals = _exchange(
-        ctx, values, sent, send_ranks=send_ranks, recv_ranks=[r for r, _ in plan.recvs[0]],
+        ctx, values, sent, send_ranks=[r for r, _ in sends], recv_ranks=[r for r, _ in recvs],
         stacked=stacked, block_shapes=[a.shape for a in avals])
 
     def mix(*leaves):
         own, blocks = leaves[:len(xs)], leaves[len(xs):]
-        outs = []
-        for x, b in zip(own, blocks):
-            acc = _accumulator(x.dtype)
-            total = x.astype(acc) * self_weight
-            for j, w in enumerate(recv_weights):
-                total = total + b[j].astype(acc) * w
-            outs.append(total.astype(x.dtype))
-        return outs
+        return [(x.astype(_accumulator(x.dtype)) * self_weight
+                 + _weighted(b, [w for _, w in recvs])).astype(x.dtype)
+                for x, b in zip(own, blocks)]
 
     return _apply(ctx, mix, [*xs, *received], [*avals, *received_avals], avals)
 
 
 def _neighbor_allgather(ctx, *xs, send_ranks, recv_ranks, out_shapes, comm_id):
-    if not active(comm_id):
-        return GENERIC_LOWERINGS[ctx.primitive](
-            ctx, *xs, send_ranks=send_ranks, recv_ranks=recv_ranks, out_shapes=out_shapes,
-            comm_id=comm_id)
     avals = ctx.avals_in
     received, received_avals = _exchange(ctx, xs, avals, send_ranks=send_ranks,
                                          recv_ranks=recv_ranks, stacked=False,
@@ -125,10 +120,6 @@ def _neighbor_allgather(ctx, *xs, send_ranks, recv_ranks, out_shapes, comm_id):
 
 
 def _neighbor_reduce_scatter(ctx, *xs, send_ranks, recv_ranks, out_shapes, comm_id):
-    if not active(comm_id):
-        return GENERIC_LOWERINGS[ctx.primitive](
-            ctx, *xs, send_ranks=send_ranks, recv_ranks=recv_ranks, out_shapes=out_shapes,
-            comm_id=comm_id)
     avals = ctx.avals_in
     # Block s of every input (a slice along axis 0) goes to send_ranks[s].
     stacked = [_shaped((len(send_ranks), *s), a.dtype) for s, a in zip(out_shapes, avals)]
@@ -137,17 +128,14 @@ def _neighbor_reduce_scatter(ctx, *xs, send_ranks, recv_ranks, out_shapes, comm_
     received, received_avals = _exchange(ctx, values, stacked, send_ranks=send_ranks,
                                          recv_ranks=recv_ranks, stacked=True,
                                          block_shapes=out_shapes)
-
-    def total(*blocks):
-        return [b.astype(_accumulator(b.dtype)).sum(axis=0).astype(b.dtype) for b in blocks]
-
-    return _apply(ctx, total, received, received_avals, ctx.avals_out)
+    return _apply(ctx, lambda *bs: [_weighted(b, [1.0] * len(recv_ranks)).astype(b.dtype)
+                                    for b in bs],
+                  received, received_avals, ctx.avals_out)
 
 
 def _allreduce(ctx, *xs, mean, comm_id):
-    integer = any(jnp.issubdtype(a.dtype, jnp.integer) for a in ctx.avals_in)
-    if not active(comm_id) or (mean and integer):
-        return GENERIC_LOWERINGS[ctx.primitive](ctx, *xs, mean=mean, comm_id=comm_id)
+    if mean and any(jnp.issubdtype(a.dtype, jnp.integer) for a in ctx.avals_in):
+        return None  # integer means are summed in float64 by the host-staged op
     attributes = {"comm_id": _gpu.NCCL_COMM_ID,
                   "signature": signature("allreduce", ctx.avals_in)}
     sums = _call(ctx, ALLREDUCE, xs, ctx.avals_in, ctx.avals_out, attributes)
@@ -159,24 +147,31 @@ def _allreduce(ctx, *xs, mean, comm_id):
 
 
 def _broadcast(ctx, *xs, root, comm_id):
-    if not active(comm_id):
-        return GENERIC_LOWERINGS[ctx.primitive](ctx, *xs, root=root, comm_id=comm_id)
     attributes = {"comm_id": _gpu.NCCL_COMM_ID, "root": root,
                   "signature": signature("broadcast", ctx.avals_in)}
     return _call(ctx, BROADCAST, xs, ctx.avals_in, ctx.avals_out, attributes)
 
 
 def _allgather(ctx, *xs, size, comm_id):
-    if not active(comm_id):
-        return GENERIC_LOWERINGS[ctx.primitive](ctx, *xs, size=size, comm_id=comm_id)
     attributes = {"comm_id": _gpu.NCCL_COMM_ID,
                   "signature": signature("allgather", ctx.avals_in)}
     return _call(ctx, ALLGATHER, xs, ctx.avals_in, ctx.avals_out, attributes)
 
 
-#: The CUDA rule of each primitive that NCCL covers, by op name
-#: (``jaxfog.ops.primitives`` registers them).
-RULES: dict[str, Callable] = {
+#: The NCCL rule of each op NCCL covers; a rule returns None for the cases it
+#: leaves to the host-staged call.
+_RULES: dict[str, Callable] = {
     "neighbor_allreduce": _neighbor_allreduce, "neighbor_allgather": _neighbor_allgather,
     "neighbor_reduce_scatter": _neighbor_reduce_scatter, "allreduce": _allreduce,
     "broadcast": _broadcast, "allgather": _allgather}
+
+
+def lowering(ctx, *args, comm_id, **params):
+    """The CUDA lowering of the primitives NCCL covers: NCCL where
+    :func:`active` and the rule covers the case, else the generic lowering."""
+    if active(comm_id):
+        rule = _RULES[ctx.primitive.name.removeprefix("jaxfog_")]
+        results = rule(ctx, *args, comm_id=comm_id, **params)
+        if results is not None:
+            return results
+    return GENERIC_LOWERINGS[ctx.primitive](ctx, *args, comm_id=comm_id, **params)

@@ -296,5 +296,4 @@ for _prim in (win_put_p, win_accumulate_p, win_update_p):
 # otherwise, and for every other primitive, to the host-staged custom call.
 for _prim in (neighbor_allreduce_p, neighbor_allgather_p, neighbor_reduce_scatter_p,
               allreduce_p, broadcast_p, allgather_p):
-    mlir.register_lowering(_prim, nccl.RULES[_prim.name.removeprefix("jaxfog_")],
-                           platform="cuda")
+    mlir.register_lowering(_prim, nccl.lowering, platform="cuda")
