@@ -90,8 +90,7 @@ from jaxfog import topology as T
 from jaxfog._compressed import (BeerState, ChocoState, ErrorFeedbackState, PublicCopies, beer,
                                 choco)
 from jaxfog.ops import allreduce, hierarchical_neighbor_allreduce, neighbor_allreduce
-from jaxfog.ops.window import (win_accumulate, win_create, win_update_then_collect,
-                               win_weight)
+from jaxfog.ops.window import win_accumulate, win_create, win_update_then_collect
 
 Tree = Any
 
@@ -760,12 +759,34 @@ def _rank_row(table: np.ndarray) -> Any:
 
 
 class AsyncPushSumState(NamedTuple):
-    """State of :func:`async_push_sum` (the push-sum weight lives in the window)."""
+    """State of :func:`async_push_sum`."""
 
     #: The inner transformation's state.
     inner: optax.OptState
-    #: The numerator :math:`x` (the parameters after ``init``).
+    #: The numerator :math:`x` (the parameters after ``init``), in float32 or
+    #: wider (:func:`mass_dtype`): what is pushed and collected.
     numerator: Tree
+    #: The push-sum weight :math:`p` (1 after ``init``), a scalar.
+    weight: jax.Array
+
+
+def mass_dtype(dtype: Any) -> np.dtype:
+    """The dtype push-sum mass of a ``dtype`` leaf travels in: floats of
+    fewer than 32 bits (bfloat16, float16) widen to float32, whose exponent
+    range keeps small shares representable and which MPI can accumulate."""
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.inexact) and dtype.itemsize < 4:
+        return np.dtype(np.float32)
+    return dtype
+
+
+def min_push_weight(dtypes: Any) -> float:
+    """The push-sum weight below which :func:`async_push_sum` gives nothing away:
+    ``sqrt(tiny)`` of the narrowest of ``dtypes`` (about 1e-19 in float32),
+    so that a weight and ``weight * z`` stay normal numbers for every
+    ``|z| >= sqrt(tiny)``."""
+    return max(float(np.sqrt(jnp.finfo(d).tiny)) for d in dtypes
+               if jnp.issubdtype(d, jnp.inexact))
 
 
 def async_push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.push_sum",
@@ -779,9 +800,10 @@ def async_push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.p
     .. math::
 
         x_i &\leftarrow x_i + p_i u_i, \\
-        \text{for each out-neighbour } k:\quad s_{k,i} &\mathrel{+}= a_i (x_i, p_i)
+        g_i &= [p_i \ge p_{\min}], \\
+        \text{for each out-neighbour } k:\quad s_{k,i} &\mathrel{+}= g_i\, a_i (x_i, p_i)
         \quad (\texttt{win\_accumulate}), \\
-        (x_i, p_i) &\leftarrow a_i (x_i, p_i) + \textstyle\sum_j s_{i,j},
+        (x_i, p_i) &\leftarrow (1 - g_i d_i a_i) (x_i, p_i) + \textstyle\sum_j s_{i,j},
         \quad s_{i,j} \leftarrow 0 \quad (\texttt{win\_update\_then\_collect}), \\
         z_i &= x_i / p_i,
 
@@ -790,20 +812,36 @@ def async_push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.p
     :math:`z_i` (``params``), scaled by :math:`p_i` so that :math:`z_i` moves
     by :math:`u_i` however much mass the agent holds (a fast agent's weight
     shrinks while a slow neighbour has not collected; unscaled, its steps
-    would grow by :math:`1/p_i` and diverge). The shares form a column-stochastic matrix, so
-    the sums of :math:`x` and :math:`p` over agents and slots never change:
-    whatever has not yet been collected is still in a slot. A slow agent's
-    slots fill up and are drained at its next step; the fast agents never
-    wait for it. Accumulates and collects hold the receiver's mutex, so a
-    push is collected exactly once, wholly. With every agent stepping
-    together (or zero delays in the simulation) this is :func:`push_sum` (on
-a graph where every :math:`p_i` stays 1, e.g. a regular one; otherwise it
-differs by the scaling of the update).
+    would grow by :math:`1/p_i` and diverge). Each step is column-stochastic
+    (what an agent gives away it no longer holds), so the sums of :math:`x`
+    and :math:`p` over agents and slots never change: whatever has not yet
+    been collected is still in a slot. A slow agent's slots fill up and are
+    drained at its next step; the fast agents never wait for it. Accumulates
+    and collects hold the receiver's mutex, so a push is collected exactly
+    once, wholly. With every agent stepping together (or zero delays in the
+    simulation) this is :func:`push_sum` (on a graph where every :math:`p_i`
+    stays 1, e.g. a regular one; otherwise it differs by the scaling of the
+    update).
 
-    ``init`` creates the window ``name`` (collective): call it once per
-    agent, and ``jaxfog.win_free(name)`` at the end. ``topology`` must be a
-    static :class:`~jaxfog.topology.Topology` (default: the current one when
-    ``init`` runs).
+    **Stragglers cannot drive the weights to zero.** An agent that steps
+    :math:`m` times while its out-neighbours never collect would hold
+    :math:`a_i^m` of its mass (underflow: 0/0 = NaN after about 80 steps in
+    float32, 650 in float64). So an agent whose weight is below
+    :math:`p_{\min}` (:func:`min_push_weight`, about 1e-19 in float32) keeps
+    its share (:math:`g_i = 0`) and trains on its own until mass comes back;
+    then :math:`p_i \ge a_i p_{\min}` always. Keeping a share is still a
+    column-stochastic step, so the average stays exact. The numerator and the
+    weight are kept in float32 or wider (:func:`mass_dtype`; bfloat16 or
+    float16 parameters get float32 mass, cast back for ``params``).
+
+    ``init`` creates the window ``name`` (collective) over
+    ``(numerator, weight)``: call it once per agent, and
+    ``jaxfog.win_free(name)`` at the end. What has landed but is not yet
+    collected is collected by
+    ``win_update_then_collect((state.numerator, state.weight), name)``
+    (every agent's sum over numerators and weights is then the exact total).
+    ``topology`` must be a static :class:`~jaxfog.topology.Topology`
+    (default: the current one when ``init`` runs).
 
     References:
       Assran, Loizou, Ballas, Rabbat. *Stochastic Gradient Push for
@@ -822,22 +860,30 @@ differs by the scaling of the update).
         edges = (graph.weights != 0) & ~np.eye(n, dtype=bool)  # edges[k, i]: i sends to k
         share = 1.0 / (edges.sum(axis=0) + 1)
         shares.update(self=share, push=np.where(edges.T, share[:, None], 0.0))
-        win_create(params, name, zero_init=True, with_weight=True,
+        numerator = jax.tree.map(lambda v: jnp.asarray(v, mass_dtype(jnp.result_type(v))),
+                                 params)
+        weight = jnp.ones([], jax.dtypes.canonicalize_dtype(jnp.float64))
+        win_create((numerator, weight), name, zero_init=True,
                    src_ranks=None if topology is None else range(n))
-        return AsyncPushSumState(inner.init(params), params)
+        return AsyncPushSumState(inner.init(params), numerator, weight)
 
     def update(grads, state, params=None, **extra):
         _need_params("async_push_sum", params)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
-        p = win_weight(name)  # scale: z = x / p moves by u, however little mass is here
-        x = jax.tree.map(lambda v, d: v + jnp.asarray(p).astype(v.dtype) * d,
+        p = state.weight
+        x = jax.tree.map(lambda v, d: v + p.astype(v.dtype) * d.astype(v.dtype),
                          state.numerator, u)
-        x = win_accumulate(x, name, self_weight=_rank_row(shares["self"]),
-                           dst_weights=_rank_row(shares["push"]), require_mutex=True)
-        x = win_update_then_collect(x, name)
-        p = win_weight(name)
-        z = jax.tree.map(lambda v: v / jnp.asarray(p).astype(v.dtype), x)
-        return _sub(z, params), AsyncPushSumState(inner_state, x)
+        mass = (x, p)
+        floor = min_push_weight([jnp.result_type(v) for v in jax.tree.leaves(mass)])
+        give = p >= floor
+        # Nothing (zeros) is pushed below the floor; the whole mass is then kept.
+        pushed = jax.tree.map(lambda v: jnp.where(give, v, jnp.zeros_like(v)), mass)
+        kept = win_accumulate(pushed, name, self_weight=_rank_row(shares["self"]),
+                              dst_weights=_rank_row(shares["push"]), require_mutex=True)
+        kept = jax.tree.map(lambda k, v: jnp.where(give, k, v), kept, mass)
+        x, p = win_update_then_collect(kept, name)
+        z = jax.tree.map(lambda v, w: (v / p.astype(v.dtype)).astype(w.dtype), x, params)
+        return _sub(z, params), AsyncPushSumState(inner_state, x, p)
 
     return optax.GradientTransformationExtraArgs(init, update)
 
@@ -932,8 +978,8 @@ def push_diging(learning_rate: float, *, topology: Any = None
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-__all__ = ["BeerState", "ChocoState", "DiffusionState", "ErrorFeedbackState",
+__all__ = ["AsyncPushSumState", "BeerState", "ChocoState", "DiffusionState", "ErrorFeedbackState",
            "ExactDiffusionState", "PublicCopies", "PushDigingState", "PushSumState",
-           "TrackingState", "atc", "awc", "beer", "choco", "column_stochastic",
-           "exact_diffusion", "gradient_allreduce", "gradient_tracking", "push_diging",
-           "push_sum"]
+           "TrackingState", "async_push_sum", "atc", "awc", "beer", "choco",
+           "column_stochastic", "exact_diffusion", "gradient_allreduce", "gradient_tracking",
+           "mass_dtype", "min_push_weight", "push_diging", "push_sum"]

@@ -65,7 +65,7 @@ def test_async_push_sum_consensus_conserves_mass_on_a_directed_graph():
         state = trainer.init(x)
         zero = lambda p, k: jnp.zeros_like(p)  # noqa: E731
         state = jax.lax.fori_loop(0, 300, lambda _, s: trainer.step(s, zero), state)
-        return state.params, state.opt_state.numerator, jf.win_weight("jaxfog.push_sum")
+        return state.params, state.opt_state.numerator, state.opt_state.weight
 
     z, x, p = jax.jit(jf.simulate(agent, topo))(x0)
     jf.simulate(lambda v: (jf.win_free(), v)[1], topo)(x0)

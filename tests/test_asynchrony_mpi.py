@@ -34,8 +34,8 @@ def test_async_push_sum_mass_and_consensus_with_a_sleeping_rank():
     nap = (lambda s: time.sleep(0.003)) if r == 0 else None
     state = jfa.run(trainer, state, zero, 60, callback=nap)
     jf.barrier()  # quiescent: every push has landed; collect it
-    x = jf.win_update_then_collect(state.opt_state.numerator, "jaxfog.push_sum")
-    p = jf.win_weight("jaxfog.push_sum")
+    opt = state.opt_state
+    x, p = jf.win_update_then_collect((opt.numerator, opt.weight), "jaxfog.push_sum")
     totals = np.asarray(jf.allreduce(jnp.concatenate([x, jnp.array([p])]), "sum"))
     np.testing.assert_allclose(totals[:-1] / totals[-1], mean, rtol=1e-12)
     np.testing.assert_allclose(totals[-1], n, rtol=1e-12)

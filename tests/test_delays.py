@@ -147,8 +147,9 @@ def test_push_sum_mass_is_exact_once_the_messages_in_flight_land():
         state = trainer.init(x)
         state = jfa.run(trainer, state, lambda p, k: jnp.zeros_like(p), 200)
         jf.barrier()  # past every arrival: the queues drain on the next read
-        x = jf.win_update_then_collect(state.opt_state.numerator, "jaxfog.push_sum")
-        return x, jf.win_weight("jaxfog.push_sum"), state.params
+        opt = state.opt_state
+        x, p = jf.win_update_then_collect((opt.numerator, opt.weight), "jaxfog.push_sum")
+        return x, p, state.params
 
     x, p, z = jax.jit(jf.simulate(agent, topo, delays=delays))(x0)
     jf.simulate(lambda v: (jf.win_free(), v)[1], topo)(x0)
