@@ -245,7 +245,17 @@ class Agents:
                                 in_axes=in_axes, out_axes=out_axes))
 
     def mean(self, value: Any) -> Any:
-        """The average over agents of a per-agent value, as numpy (same on every rank)."""
+        """The average over agents of a per-agent value (an array or a pytree of
+        arrays, e.g. a Flax NNX ``State``), as numpy leaves in the same
+        structure, the same on every rank; collective under MPI."""
+        leaves, treedef = jax.tree.flatten(value)
+        for leaf in leaves:
+            if not (isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float))
+                    and jnp.issubdtype(jnp.result_type(leaf), jnp.number)):
+                raise TypeError("Agents.mean: needs numbers, arrays or a pytree of them, "
+                                f"got a leaf of type {type(leaf).__name__}")
         if self.simulated:
-            return np.asarray(jnp.mean(jnp.asarray(value), axis=0))
-        return np.asarray(allreduce(jnp.asarray(value)))
+            means = [np.asarray(jnp.mean(jnp.asarray(v), axis=0)) for v in leaves]
+        else:
+            means = [np.asarray(v) for v in allreduce([jnp.asarray(v) for v in leaves])]
+        return jax.tree.unflatten(treedef, means)

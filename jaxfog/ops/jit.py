@@ -25,6 +25,7 @@ the ops take part in the enclosing computation's token chain.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable
 
 import jax
@@ -107,12 +108,55 @@ def comm_scope(fn: Callable, *args: Any, **kwargs: Any) -> Any:
 # --- jaxfog.jit ------------------------------------------------------------
 
 
+def _arguments_kept(fn: Callable) -> Callable:
+    """``fn``, checked at trace time for Flax NNX objects it updates in place
+    without returning them.
+
+    A compiled function gets copies of its arguments' leaves: an
+    ``nnx.Module`` or ``nnx.Optimizer`` passed in and updated in place (the
+    usual NNX train step) changes a copy, never the caller's object, and the
+    step would silently train nothing. The check runs when ``fn`` is traced,
+    so it costs nothing per call, and only when Flax NNX is imported.
+    """
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        nnx = sys.modules.get("flax.nnx")
+        if nnx is None:
+            return fn(*args, **kwargs)
+        stateful = lambda x: isinstance(x, nnx.Pytree)  # noqa: E731  (Module, Optimizer, Rngs)
+        named = [*(f"argument {i}" for i in range(len(args))), *(f"{k}=" for k in kwargs)]
+        objects = [(name, x) for name, value in zip(named, (*args, *kwargs.values()))
+                   for x in jax.tree.leaves(value, is_leaf=stateful) if stateful(x)]
+        before = [{id(leaf) for leaf in jax.tree.leaves(x)} for _, x in objects]
+        out = fn(*args, **kwargs)
+        returned = {id(leaf) for leaf in jax.tree.leaves(out)}
+        lost = [(name, x) for (name, x), old in zip(objects, before)
+                if any(id(leaf) not in old and id(leaf) not in returned
+                       for leaf in jax.tree.leaves(x))]
+        if lost:
+            what = ", ".join(f"{name} ({type(x).__name__})" for name, x in lost)
+            raise TypeError(
+                f"jaxfog.jit({getattr(fn, '__qualname__', fn)!r}) updated {what} in place "
+                "without returning it: compiled code works on copies of its arguments, so "
+                "the caller's Flax NNX objects would silently stay as they were. Split once "
+                "and pass the state: `graphdef, state = nnx.split((model, optimizer))`; in "
+                "the step, `model, optimizer = nnx.merge(graphdef, state)`, update them and "
+                "return `nnx.state((model, optimizer))` (the fast pattern: see the README's "
+                "Flax section and examples/train_digits_nnx.py). Or use `nnx.jit`, which "
+                "carries the updates back but dispatches more slowly.")
+        return out
+
+    return checked
+
+
 class Jitted:
     """The result of :func:`jit`: callable, with ``lower``/``trace``/``eval_shape``."""
 
     def __init__(self, fn: Callable, jit_kwargs: dict):
         functools.update_wrapper(self, fn)
         self._fn = fn
+        fn = _arguments_kept(fn)
 
         @functools.wraps(fn)  # keeps the signature for static/donate argnames
         def scoped(*args, **kwargs):
