@@ -52,6 +52,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'jaxfog' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    # The lazy names too, so that dir(), pydoc and IDEs list the whole API.
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "Agents", "CommStats", "Delays", "NotInitializedError", *_OPS, *_WINDOW_OPS, "async_min_bytes", "comm_stats", "in_neighbor_ranks", "init",
     "is_homogeneous", "is_initialized", "jit", "load_machine_topology", "load_topology",

@@ -101,10 +101,12 @@ def _need_params(name: str, params: Any) -> None:
                          "(call update(grads, state, params))")
 
 
-def _average(tree: Tree, topology: Any, count: jax.Array) -> Tree:
+def _average(tree: Tree, topology: Any, count: jax.Array, caller: str) -> Tree:
     """One neighbor averaging step with W (static, runtime or scheduled: the
-    step picks a Schedule's entry and is ignored by a static graph)."""
-    return neighbor_allreduce(tree, topology=topology, step=count)
+    step picks a Schedule's entry and is ignored by a static graph); errors
+    name the transformation the user called."""
+    return neighbor_allreduce(tree, topology=topology, step=count,
+                              name=f"jaxfog.optax.{caller}")
 
 
 def _sub(a: Tree, b: Tree) -> Tree:
@@ -112,19 +114,21 @@ def _sub(a: Tree, b: Tree) -> Tree:
 
 
 def _communicate(tree: Tree, topology: Any, count: jax.Array, communication: str,
-                 global_every: int | None) -> Tree:
-    mixers = {"neighbor": lambda t: _average(t, topology, count),
-              "allreduce": allreduce,
-              "hierarchical": hierarchical_neighbor_allreduce,
+                 global_every: int | None, caller: str) -> Tree:
+    name = f"jaxfog.optax.{caller}"
+    allreduce_named = lambda t: allreduce(t, name=name)  # noqa: E731
+    mixers = {"neighbor": lambda t: _average(t, topology, count, caller),
+              "allreduce": allreduce_named,
+              "hierarchical": lambda t: hierarchical_neighbor_allreduce(t, name=name),
               "none": lambda t: t}
     if communication not in mixers:
-        raise ValueError(f"communication must be one of {sorted(mixers)}, got "
+        raise ValueError(f"{name}: communication must be one of {sorted(mixers)}, got "
                          f"{communication!r}")
     mix = mixers[communication]
     if global_every is None:
         return mix(tree)
     # The step count is the same on every rank, so all take the same branch.
-    return lax.cond(count % global_every == 0, allreduce, mix, tree)
+    return lax.cond(count % global_every == 0, allreduce_named, mix, tree)
 
 
 def _check_global_every(global_every: int | None) -> None:
@@ -231,7 +235,7 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
         _need_params("atc", params)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         mixed = _communicate(optax.apply_updates(params, u), topology, state.count,
-                             communication, global_every)
+                             communication, global_every, "atc")
         return _sub(mixed, params), DiffusionState(inner_state, state.count + 1)
 
     return optax.GradientTransformationExtraArgs(init, update)
@@ -328,7 +332,8 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
 
     def update(grads, state, params=None, **extra):
         _need_params("awc", params)
-        mixed = _communicate(params, topology, state.count, communication, global_every)
+        mixed = _communicate(params, topology, state.count, communication, global_every,
+                             "awc")
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         return (jax.tree.map(lambda m, p, d: m - p + d, mixed, params, u),
                 DiffusionState(inner_state, state.count + 1))
@@ -520,9 +525,9 @@ def gradient_tracking(learning_rate: float, *, topology: Any = None
     def update(grads, state, params=None, **extra):
         _need_params("gradient_tracking", params)
         y = _average(jax.tree.map(lambda y, g, h: y + g - h, state.tracker, grads,
-                              state.prev_grads), topology, state.count)
+                                  state.prev_grads), topology, state.count, "gradient_tracking")
         x = _average(jax.tree.map(lambda p, t: p - learning_rate * t, params, y), topology,
-                 state.count)
+                     state.count, "gradient_tracking")
         return _sub(x, params), TrackingState(y, grads, state.count + 1)
 
     return optax.GradientTransformationExtraArgs(init, update)
@@ -599,7 +604,7 @@ def exact_diffusion(learning_rate: float, *, topology: Any = None
         psi = jax.tree.map(lambda x, g: x - learning_rate * g, params, grads)
         phi = jax.tree.map(lambda s, x, prev: s + x - jnp.where(first, x, prev), psi, params,
                            state.psi)
-        mixed = _average(phi, topology, state.count)
+        mixed = _average(phi, topology, state.count, "exact_diffusion")
         x = jax.tree.map(lambda f, m: 0.5 * (f + m), phi, mixed)
         return _sub(x, params), ExactDiffusionState(psi, state.count + 1)
 
@@ -744,7 +749,7 @@ def push_sum(inner: optax.GradientTransformation, *, topology: Any = None
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         numerator = optax.apply_updates(state.numerator, u)
         numerator, weight = _average((numerator, state.weight), _push_topology(topology),
-                                 state.count)
+                                     state.count, "push_sum")
         z = jax.tree.map(lambda x: x / weight.astype(x.dtype), numerator)
         return _sub(z, params), PushSumState(inner_state, numerator, weight, state.count + 1)
 
@@ -969,9 +974,9 @@ def push_diging(learning_rate: float, *, topology: Any = None
         _need_params("push_diging", params)
         push = _push_topology(topology)
         y = _average(jax.tree.map(lambda y, g, h: y + g - h, state.tracker, grads,
-                              state.prev_grads), push, state.count)
+                                  state.prev_grads), push, state.count, "push_diging")
         stepped = jax.tree.map(lambda u, t: u - learning_rate * t, state.numerator, y)
-        numerator, weight = _average((stepped, state.weight), push, state.count)
+        numerator, weight = _average((stepped, state.weight), push, state.count, "push_diging")
         x = jax.tree.map(lambda u: u / weight.astype(u.dtype), numerator)
         return _sub(x, params), PushDigingState(numerator, weight, y, grads, state.count + 1)
 

@@ -401,10 +401,20 @@ def _as_topology(topology: Any, expected_size: int, what: str) -> T.Topology:
                 f"{what} expects a jaxfog.topology.Topology or a networkx graph, "
                 f"got {type(topology).__name__}")
     if topology.size != expected_size:
-        raise ValueError(
-            f"{what}: the topology has {topology.size} nodes but there are "
-            f"{expected_size} {'ranks' if what == 'set_topology' else 'machines'}")
+        raise ValueError(size_mismatch(what, topology.size, expected_size,
+                                       "ranks" if what == "set_topology" else "machines"))
     return topology
+
+
+def size_mismatch(what: str, nodes: int, count: int, unit: str = "ranks") -> str:
+    """The error for a topology of ``nodes`` nodes on ``count`` ranks; a script
+    meant for a launcher but started with a plain ``python`` is told so."""
+    text = f"{what}: the topology has {nodes} nodes but there are {count} {unit}"
+    if unit == "ranks" and count == 1 and _context.current() is None:
+        text += (f" (this is one process: did you mean `jaxfog run -np {nodes} python ...`? "
+                 f"Or run it on {nodes} simulated agents with jaxfog.simulate or "
+                 "jaxfog.Agents)")
+    return text
 
 
 def _check_same_everywhere(state: _State, topology: T.Topology, what: str) -> None:

@@ -174,14 +174,35 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
 
         axes = (0, 0, *in_axes) if isinstance(in_axes, (tuple, list)) else (
             (0, 0) + (in_axes,) * len(args))
+        _check_agent_axes(args, axes[2:], n, topology_or_n)
         out, created = jax.vmap(per_agent, in_axes=axes, out_axes=(out_axes, 0),
-                                axis_name=axis_name)(refs, clocks, *args, **kwargs)
+                                axis_name=axis_name, axis_size=n)(refs, clocks, *args,
+                                                                  **kwargs)
         session = sessions[-1]
         windows.keep({name: session.windows[name].spec for name in created}, created,
                      session.freed)
         return out
 
     return run
+
+
+def _check_agent_axes(args: tuple, axes: tuple, n: int, given: Any) -> None:
+    """A ValueError naming the argument whose agent axis is not n long (vmap
+    would fail deep inside a collective); nested ``in_axes`` are left to vmap."""
+    for i, (arg, axis) in enumerate(zip(args, axes)):
+        if not isinstance(axis, int):
+            continue
+        for leaf in jax.tree.leaves(arg):
+            shape = np.shape(leaf)
+            if not -len(shape) <= axis < len(shape) or shape[axis] != n:
+                where = "topology" if not isinstance(given, (int, np.integer)) else "number"
+                raise ValueError(
+                    f"simulate: the {where} has {n} agents but argument {i} has "
+                    + (f"{shape[axis]} along its agent axis {axis} (shape {shape})"
+                       if -len(shape) <= axis < len(shape) else
+                       f"no axis {axis} (shape {shape})")
+                    + f"; give every agent's value stacked along axis {axis}, or a "
+                    "topology of that size")
 
 
 def reset_clocks() -> None:

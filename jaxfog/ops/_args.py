@@ -86,8 +86,7 @@ def _step(step: Any, what: str) -> Any:
 
 def _check_size(graph: T.Topology | T.Schedule, what: str) -> None:
     if graph.size != runtime.size():
-        raise ValueError(f"{what}: the topology has {graph.size} nodes but there are "
-                         f"{runtime.size()} ranks")
+        raise ValueError(runtime.size_mismatch(what, graph.size, runtime.size()))
 
 
 class NeighborAllreduce(NamedTuple):
