@@ -22,8 +22,9 @@ class CommStats(NamedTuple):
     #: on the root, allreduce ``2 (n - 1) / n`` times the data (what a
     #: bandwidth-optimal ring sends; MPI picks its own algorithm).
     bytes: int
-    #: Bytes of the headers that travel with point-to-point messages (op,
-    #: sequence number, signature, size: DESIGN.md "Errors").
+    #: Bytes of the headers that travel with point-to-point messages, 128 per
+    #: message (op, sequence number, signature, size, and the layout in words
+    #: that a mismatch error shows).
     header_bytes: int
 
 

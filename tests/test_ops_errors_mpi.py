@@ -135,6 +135,84 @@ def test_shape_dtype_and_op_order_differences_are_reported():
                                   dst_weights=[])
 
 
+def test_layouts_in_headers_are_short_and_count_the_leaves():
+    import jax.numpy as jnp
+    from jax import core
+
+    from jaxfog.ops._primitive import LAYOUT_CHARS, layout
+
+    def avals(*specs):
+        return [core.ShapedArray(shape, dtype) for shape, dtype in specs]
+
+    assert layout(avals(((3, 4), jnp.float32), ((), jnp.int32), ((2,), jnp.bfloat16),
+                        ((5,), jnp.bool_), ((1,), jnp.complex64), ((1,), jnp.uint8))) == \
+        "f32[3,4], i32[], bf16[2], bool[5], c64[1], u8[1]"
+    big = layout(avals(*[((1024, 1024), jnp.float32)] * 300))
+    assert big == "f32[1024,1024], " * 4 + "... (300 leaves)"
+    assert len(big) <= LAYOUT_CHARS
+
+
+def _ranks(ranks) -> str:
+    """The C++ errors' words for ranks: "rank 2", "ranks 0 and 2", "ranks 0, 2 and 3"."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+
+
+@mpi_test(nprocs=(3, 4), env={"JAXFOG_TIMEOUT": "10"})
+def test_layout_mismatches_name_the_odd_rank_and_show_both_layouts():
+    import re
+
+    import jax.numpy as jnp
+
+    import jaxfog.topology as T
+
+    jf, r, n = _setup()
+    jf.set_topology(T.ring(n))  # rank i hears from i - 1 and i + 1
+    odd = 1
+
+    def expect(call, common, different, *, neighbours):
+        """On each rank that sees rank 1: who differs, then both layouts."""
+        seen = sorted(jf.in_neighbor_ranks()) if neighbours else [q for q in range(n) if q != r]
+        if odd not in seen and r != odd:
+            call()  # rank 3 of 4 neither hears from rank 1 nor sends to it
+            return
+        if r == odd:
+            peers = ("its neighbours " + _ranks(seen)[6:]) if neighbours else _ranks(seen)
+            text = (f"this rank differs from {peers}: this rank ({r}) has {different}; "
+                    f"{_ranks(seen)} have {common}")
+        else:
+            rest = _ranks(set(seen) - {odd})
+            text = (f"rank {odd} differs from this rank and {rest}: rank {odd} has "
+                    f"{different}; this rank ({r}) and {rest} have {common}")
+        with pytest.raises(Exception, match="shapes or dtypes differ between ranks: "
+                                            + re.escape(text)):
+            call()
+
+    def pick(common, different):
+        return different if r == odd else common
+
+    # Different byte counts; the same byte count with other shapes (a pytree);
+    # the same shape with another dtype.
+    for common, different, text in [
+            (jnp.ones(3, jnp.float32), jnp.ones(4, jnp.float32), ("f32[3]", "f32[4]")),
+            ((jnp.ones((2, 3), jnp.float32), jnp.ones((), jnp.int32)),
+             (jnp.ones((3, 2), jnp.float32), jnp.ones((), jnp.int32)),
+             ("f32[2,3], i32[]", "f32[3,2], i32[]")),
+            (jnp.ones(4, jnp.float32), jnp.ones(4, jnp.int32), ("f32[4]", "i32[4]"))]:
+        x = pick(common, different)
+        expect(lambda: jf.neighbor_allreduce(x), *text, neighbours=True)
+    # Collectives compare every rank's layout.
+    expect(lambda: jf.allreduce(pick(jnp.ones(3, jnp.float32), jnp.ones(4, jnp.float32))),
+           "f32[3]", "f32[4]", neighbours=False)
+    expect(lambda: jf.allreduce(pick(jnp.ones(4, jnp.float32), jnp.ones(4, jnp.int32))),
+           "f32[4]", "i32[4]", neighbours=False)
+    expect(lambda: jf.allgather(pick(jnp.ones((2, 3), jnp.float32),
+                                     jnp.ones((3, 2), jnp.float32))),
+           "f32[2,3]", "f32[3,2]", neighbours=False)
+
+
 @mpi_test(nprocs=(2, 3), env={"JAXFOG_MAX_MESSAGE_BYTES": "1000"})
 def test_messages_larger_than_one_mpi_message_travel_in_pieces():
     """The chunked path (what carries counts past 2**31 elements) on small sizes."""

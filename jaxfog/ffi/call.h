@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -81,10 +82,19 @@ inline void* OutputAt(void* data, size_t bytes) {
 }
 
 // Bindings (rvalue builders). Every pytree op starts with its communicator
-// and message signature, and takes the effect token, then its leaves; it
-// returns the token, then its leaves.
+// and its message's signature and layout, and takes the effect token, then
+// its leaves; it returns the token, then its leaves.
 inline auto Keyed() {
-  return ffi::Ffi::Bind().Attr<int64_t>("comm_id").Attr<int64_t>("signature");
+  return ffi::Ffi::Bind()
+      .Attr<int64_t>("comm_id")
+      .Attr<int64_t>("signature")
+      .Attr<std::string_view>("layout");
+}
+
+// Op `op` with Keyed()'s message attributes (copied: the call frame is gone
+// by the time the op runs).
+inline OpInfo Info(OpCode op, int64_t signature, std::string_view layout) {
+  return {op, static_cast<uint64_t>(signature), LayoutText::From(layout)};
 }
 
 template <typename Binding>

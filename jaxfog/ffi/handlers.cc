@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -264,7 +265,7 @@ class PartialSums {
 // out_i = self_weight * x_i + sum_{j in recv} recv_weight_j * (x_j as sent by j),
 // where a sender scales what it sends by its send weight. All leaves of a
 // pytree travel as one message per peer; the sum is one pass per leaf.
-ffi::Error NeighborAllreduce(Transport* transport, int64_t signature, const Entry& entry,
+ffi::Error NeighborAllreduce(Transport* transport, const OpInfo& info, const Entry& entry,
                              const std::vector<Leaf>& in, const std::vector<Leaf>& out) {
   std::vector<size_t> offsets;
   const size_t stride = Layout(in, &offsets);
@@ -295,7 +296,6 @@ ffi::Error NeighborAllreduce(Transport* transport, int64_t signature, const Entr
   for (size_t j = 0; j < k; ++j) {
     recvs.push_back({entry.recv_ranks[j], PiecesAt(received.data() + j * stride, in, offsets)});
   }
-  const OpInfo info{OpCode::kNeighborAllreduce, static_cast<uint64_t>(signature)};
   PartialSums sums(in, out, offsets, received.data(), stride, entry);
   // Streamed or not depends on the message size alone: a sender and its
   // receivers must cut the message into the same pieces.
@@ -313,7 +313,8 @@ ffi::Error NeighborAllreduce(Transport* transport, int64_t signature, const Entr
   return transport->Exchange(info, sends, recvs, &streaming);
 }
 
-ffi::ErrorOr<Job> NeighborAllreduceJob(int64_t comm_id, int64_t signature, F64s self_weights,
+ffi::ErrorOr<Job> NeighborAllreduceJob(int64_t comm_id, int64_t signature,
+                                       std::string_view layout, F64s self_weights,
                                        I64s send_offsets, I64s send_ranks, F64s send_weights,
                                        I64s recv_offsets, I64s recv_ranks, F64s recv_weights,
                                        ffi::Token, ffi::BufferR0<ffi::S32> step,
@@ -324,11 +325,11 @@ ffi::ErrorOr<Job> NeighborAllreduceJob(int64_t comm_id, int64_t signature, F64s 
   JAXFOG_ASSIGN_OR_RETURN(entry, SelectEntry(at, self_weights, send_offsets,
                                              send_ranks, send_weights, recv_offsets,
                                              recv_ranks, recv_weights, call.transport->size()));
+  const OpInfo info = Info(OpCode::kNeighborAllreduce, signature, layout);
   return TracedJob(OpCode::kNeighborAllreduce, comm_id, call.transport, signature,
                    TotalBytes(call.in), [=](timeline::OpArgs* trace) {
                      if (trace) trace->Peers(entry.send_ranks, entry.recv_ranks);
-                     return NeighborAllreduce(call.transport, signature, entry, call.in,
-                                              call.out);
+                     return NeighborAllreduce(call.transport, info, entry, call.in, call.out);
                    });
 }
 
@@ -353,7 +354,7 @@ struct Handler<OpCode::kNeighborAllreduce> : Async<NeighborAllreduceJob> {
 
 // out = concat over recv_ranks (in that order) of x_j along axis 0; the
 // message from j lands directly in its block of every output leaf.
-ffi::Error NeighborAllgather(Transport* transport, int64_t signature,
+ffi::Error NeighborAllgather(Transport* transport, const OpInfo& info,
                              const std::vector<int64_t>& send_ranks,
                              const std::vector<int64_t>& recv_ranks,
                              const std::vector<Leaf>& in, const std::vector<Leaf>& out) {
@@ -371,13 +372,12 @@ ffi::Error NeighborAllgather(Transport* transport, int64_t signature,
     }
     recvs.push_back(std::move(recv));
   }
-  const OpInfo info{OpCode::kNeighborAllgather, static_cast<uint64_t>(signature)};
   return transport->Exchange(info, sends, recvs);
 }
 
 // The adjoint of neighbor_allgather: block i of every input leaf goes back to
 // send_ranks[i]; the output is the sum of the blocks received.
-ffi::Error NeighborReduceScatter(Transport* transport, int64_t signature,
+ffi::Error NeighborReduceScatter(Transport* transport, const OpInfo& info,
                                  const std::vector<int64_t>& send_ranks,
                                  const std::vector<int64_t>& recv_ranks,
                                  const std::vector<Leaf>& in, const std::vector<Leaf>& out) {
@@ -399,7 +399,6 @@ ffi::Error NeighborReduceScatter(Transport* transport, int64_t signature,
     recvs.push_back({static_cast<int>(recv_ranks[j]),
                      PiecesAt(received.data() + j * stride, out, offsets)});
   }
-  const OpInfo info{OpCode::kNeighborReduceScatter, static_cast<uint64_t>(signature)};
   JAXFOG_RETURN_IF_ERROR(transport->Exchange(info, sends, recvs));
   timeline::Span span("weighted sum");
   std::vector<const void*> others(k);
@@ -415,18 +414,20 @@ ffi::Error NeighborReduceScatter(Transport* transport, int64_t signature,
 // neighbor_allgather and its adjoint take the same arguments; the adjoint's
 // message is the size of its output.
 template <OpCode op>
-ffi::ErrorOr<Job> NeighborGatherJob(int64_t comm_id, int64_t signature, I64s send_ranks,
+ffi::ErrorOr<Job> NeighborGatherJob(int64_t comm_id, int64_t signature,
+                                    std::string_view layout, I64s send_ranks,
                                     I64s recv_ranks, ffi::Token, ffi::RemainingArgs args,
                                     ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, op));
   std::vector<int64_t> sends(send_ranks.begin(), send_ranks.end());
   std::vector<int64_t> recvs(recv_ranks.begin(), recv_ranks.end());
   constexpr bool adjoint = op == OpCode::kNeighborReduceScatter;
+  const OpInfo info = Info(op, signature, layout);
   return TracedJob(op, comm_id, call.transport, signature,
                    TotalBytes(adjoint ? call.out : call.in), [=](timeline::OpArgs* trace) {
                      if (trace) trace->Peers(sends, recvs);
                      return (adjoint ? NeighborReduceScatter : NeighborAllgather)(
-                         call.transport, signature, sends, recvs, call.in, call.out);
+                         call.transport, info, sends, recvs, call.in, call.out);
                    });
 }
 
@@ -498,9 +499,8 @@ ffi::Error IntegerMean(Transport* transport, const OpInfo& info, double scale,
 
 // Sum or mean over all ranks, leaf by leaf in one call (one message for a
 // single leaf; a pytree is packed per dtype so each dtype is one message).
-ffi::Error Allreduce(Transport* transport, int64_t signature, bool mean,
+ffi::Error Allreduce(Transport* transport, const OpInfo& info, bool mean,
                      const std::vector<Leaf>& in, const std::vector<Leaf>& out) {
-  const OpInfo info{OpCode::kAllreduce, static_cast<uint64_t>(signature)};
   const double scale = mean ? 1.0 / transport->size() : 1.0;
   // Group leaves by dtype, preserving order.
   std::vector<ffi::DataType> types;
@@ -552,13 +552,14 @@ ffi::Error Allreduce(Transport* transport, int64_t signature, bool mean,
   return ffi::Error::Success();
 }
 
-ffi::ErrorOr<Job> AllreduceJob(int64_t comm_id, int64_t signature, bool mean, ffi::Token,
-                               ffi::RemainingArgs args, ffi::Result<ffi::Token>,
-                               ffi::RemainingRets rets) {
+ffi::ErrorOr<Job> AllreduceJob(int64_t comm_id, int64_t signature, std::string_view layout,
+                               bool mean, ffi::Token, ffi::RemainingArgs args,
+                               ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, OpCode::kAllreduce));
+  const OpInfo info = Info(OpCode::kAllreduce, signature, layout);
   return TracedJob(OpCode::kAllreduce, comm_id, call.transport, signature, TotalBytes(call.in),
                    [=](timeline::OpArgs*) {
-                     return Allreduce(call.transport, signature, mean, call.in, call.out);
+                     return Allreduce(call.transport, info, mean, call.in, call.out);
                    });
 }
 
@@ -568,9 +569,8 @@ struct Handler<OpCode::kAllreduce> : Async<AllreduceJob> {
 };
 
 // Every rank gets root's value (one message for the whole pytree).
-ffi::Error Broadcast(Transport* transport, int64_t signature, int64_t root,
+ffi::Error Broadcast(Transport* transport, const OpInfo& info, int64_t root,
                      const std::vector<Leaf>& in, const std::vector<Leaf>& out) {
-  const OpInfo info{OpCode::kBroadcast, static_cast<uint64_t>(signature)};
   const bool is_root = transport->rank() == root;
   if (in.size() == 1) {
     if (is_root && in[0].bytes) std::memcpy(out[0].out, in[0].in, in[0].bytes);
@@ -588,14 +588,15 @@ ffi::Error Broadcast(Transport* transport, int64_t signature, int64_t root,
   return ffi::Error::Success();
 }
 
-ffi::ErrorOr<Job> BroadcastJob(int64_t comm_id, int64_t signature, int64_t root, ffi::Token,
-                               ffi::RemainingArgs args, ffi::Result<ffi::Token>,
-                               ffi::RemainingRets rets) {
+ffi::ErrorOr<Job> BroadcastJob(int64_t comm_id, int64_t signature, std::string_view layout,
+                               int64_t root, ffi::Token, ffi::RemainingArgs args,
+                               ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, OpCode::kBroadcast));
+  const OpInfo info = Info(OpCode::kBroadcast, signature, layout);
   return TracedJob(OpCode::kBroadcast, comm_id, call.transport, signature, TotalBytes(call.in),
                    [=](timeline::OpArgs* trace) {
                      if (trace) trace->root = root;
-                     return Broadcast(call.transport, signature, root, call.in, call.out);
+                     return Broadcast(call.transport, info, root, call.in, call.out);
                    });
 }
 
@@ -605,9 +606,8 @@ struct Handler<OpCode::kBroadcast> : Async<BroadcastJob> {
 };
 
 // out = concat over ranks 0..n-1 of x along axis 0 (one message per leaf set).
-ffi::Error Allgather(Transport* transport, int64_t signature, const std::vector<Leaf>& in,
+ffi::Error Allgather(Transport* transport, const OpInfo& info, const std::vector<Leaf>& in,
                      const std::vector<Leaf>& out) {
-  const OpInfo info{OpCode::kAllgather, static_cast<uint64_t>(signature)};
   if (in.size() == 1) return transport->Allgather(info, in[0].in, out[0].out, in[0].bytes);
   std::vector<size_t> offsets;
   const size_t total = Layout(in, &offsets, 1);
@@ -627,13 +627,14 @@ ffi::Error Allgather(Transport* transport, int64_t signature, const std::vector<
   return ffi::Error::Success();
 }
 
-ffi::ErrorOr<Job> AllgatherJob(int64_t comm_id, int64_t signature, ffi::Token,
-                               ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+ffi::ErrorOr<Job> AllgatherJob(int64_t comm_id, int64_t signature, std::string_view layout,
+                               ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                                ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, OpCode::kAllgather));
+  const OpInfo info = Info(OpCode::kAllgather, signature, layout);
   return TracedJob(OpCode::kAllgather, comm_id, call.transport, signature, TotalBytes(call.in),
                    [=](timeline::OpArgs*) {
-                     return Allgather(call.transport, signature, call.in, call.out);
+                     return Allgather(call.transport, info, call.in, call.out);
                    });
 }
 

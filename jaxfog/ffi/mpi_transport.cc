@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "dtype.h"
 #include "mpi_status.h"
@@ -29,7 +30,102 @@ struct Header {
   uint64_t sequence;
   uint64_t signature;
   uint64_t bytes;
+  LayoutText layout;  // read only when the signatures or sizes differ
 };
+// Every message pays for it (comm_stats counts it as header_bytes).
+static_assert(sizeof(Header) == 128, "keep message headers small");
+
+bool SameLayout(const Header& a, const Header& b) {
+  return a.signature == b.signature && a.bytes == b.bytes;
+}
+
+// "rank 2", "ranks 0 and 2", "ranks 0, 2 and 3"; without `noun`, the numbers.
+std::string RankList(const std::vector<int>& ranks, bool noun = true) {
+  std::string text = !noun ? "" : ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) text += i + 1 == ranks.size() ? " and " : ", ";
+    text += std::to_string(ranks[i]);
+  }
+  return text;
+}
+
+// `ranks` in words, this rank (`self`) first: "this rank (1) and ranks 0 and 2".
+std::string Who(const std::vector<int>& ranks, int self, bool with_number) {
+  std::vector<int> others;
+  for (int r : ranks) {
+    if (r != self) others.push_back(r);
+  }
+  if (others.size() == ranks.size()) return RankList(others);
+  std::string text = "this rank";
+  if (with_number) text += " (" + std::to_string(self) + ")";
+  return others.empty() ? text : text + " and " + RankList(others);
+}
+
+// Why the layouts in `seen` (rank, header; this rank, `self`, among them)
+// differ: the ranks outside the strict majority layout when there is one,
+// then each layout with its ranks, the odd ones first. `neighbours`: `seen`
+// is this rank's neighbours, not every rank.
+std::string LayoutMismatch(int self, std::vector<std::pair<int, Header>> seen,
+                           bool neighbours) {
+  std::sort(seen.begin(), seen.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  struct Group {
+    const Header* header;
+    std::vector<int> ranks;
+    bool has_self;
+  };
+  std::vector<Group> groups;  // in order of their lowest rank: deterministic
+  for (const auto& [rank, header] : seen) {
+    auto group = std::find_if(groups.begin(), groups.end(),
+                              [&](const Group& g) { return SameLayout(*g.header, header); });
+    if (group == groups.end()) {
+      groups.push_back({&header, {}, false});
+      group = groups.end() - 1;
+    }
+    group->ranks.push_back(rank);
+    group->has_self |= rank == self;
+  }
+  const Group* majority = nullptr;  // none on a tie: nobody to blame
+  for (const Group& g : groups) {
+    if (!majority || g.ranks.size() > majority->ranks.size()) {
+      majority = &g;
+    } else if (g.ranks.size() == majority->ranks.size()) {
+      majority = nullptr;
+      break;
+    }
+  }
+  std::string text = "shapes or dtypes differ between ranks: ";
+  std::vector<const Group*> order;
+  for (bool first : {true, false}) {  // this rank's layout first, unless it is the majority's
+    for (const Group& g : groups) {
+      if (&g != majority && g.has_self == first) order.push_back(&g);
+    }
+  }
+  if (majority) {
+    std::vector<int> odd;
+    for (const Group* g : order) odd.insert(odd.end(), g->ranks.begin(), g->ranks.end());
+    std::sort(odd.begin(), odd.end());
+    if (odd == std::vector<int>{self}) {
+      text += "this rank differs from " +
+              (neighbours ? "its neighbours " + RankList(majority->ranks, false)
+                          : RankList(majority->ranks));
+    } else {
+      text += Who(odd, self, false) + (odd.size() == 1 ? " differs" : " differ") + " from " +
+              Who(majority->ranks, self, false);
+    }
+    text += ": ";
+    order.push_back(majority);
+  }
+  bool alike = false;  // a long layout cut where two differ only further on
+  for (size_t i = 0; i < order.size(); ++i) {
+    const std::string layout = order[i]->header->layout.str();
+    for (size_t j = 0; j < i; ++j) alike |= order[j]->header->layout.str() == layout;
+    text += (i ? "; " : "") + Who(order[i]->ranks, self, true) +
+            (order[i]->ranks.size() == 1 ? " has " : " have ") + layout;
+  }
+  if (alike) text += " (they differ in leaves past those shown)";
+  return text;
+}
 
 // MPI reduction ops for the 16-bit floats MPI has no type for (summed in float).
 void HalfSum(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -357,7 +453,7 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
   for (size_t i = 0; i < sends.size(); ++i) {
     const int peer = sends[i].peer;
     out_headers[i] = {kMagic, static_cast<uint64_t>(info.op), sequence_, info.signature,
-                      TotalBytes(sends[i].pieces)};
+                      TotalBytes(sends[i].pieces), info.layout};
     JAXFOG_RETURN_IF_MPI_ERROR(
         MPI_Isend(&out_headers[i], sizeof(Header), MPI_BYTE, peer, kHeaderTag, comm_,
                   header_requests.Add("the header to rank " + std::to_string(peer))),
@@ -392,9 +488,9 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
   // before any data of the wrong size is waited for.
   JAXFOG_RETURN_IF_ERROR(
       header_requests.WaitAll(timeout_seconds_, what, timed ? &header_done : nullptr));
+  bool layouts_differ = false;
   for (size_t i = 0; i < recvs.size(); ++i) {
     const Header& got = in_headers[i];
-    const uint64_t expected_bytes = TotalBytes(recvs[i].pieces);
     std::string problem;
     if (got.magic != kMagic) {
       problem = "sent a message that is not from a jaxfog op";
@@ -402,15 +498,22 @@ ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec
       problem = std::string("is in ") + OpName(static_cast<OpCode>(got.op)) + " (its op #" +
                 std::to_string(got.sequence) + "): ranks called different operations, or in "
                 "a different order";
-    } else if (got.bytes != expected_bytes || got.signature != info.signature) {
-      problem = "sent " + std::to_string(got.bytes) + " bytes where " +
-                std::to_string(expected_bytes) +
-                " were expected: shapes or dtypes differ between ranks";
     }
     if (!problem.empty()) {
       return ffi::Error::InvalidArgument(what + ": rank " + std::to_string(recvs[i].peer) +
                                          " " + problem);
     }
+    layouts_differ |= got.bytes != TotalBytes(recvs[i].pieces) || got.signature != info.signature;
+  }
+  if (layouts_differ) {
+    // Every header this rank receives is in: judge by all of them, so that
+    // the rank that differs from the others is the one named.
+    std::vector<std::pair<int, Header>> seen;
+    seen.emplace_back(rank_, Header{kMagic, static_cast<uint64_t>(info.op), sequence_,
+                                    info.signature, TotalBytes(recvs[0].pieces), info.layout});
+    for (size_t i = 0; i < recvs.size(); ++i) seen.emplace_back(recvs[i].peer, in_headers[i]);
+    return ffi::Error::InvalidArgument(what + ": " + LayoutMismatch(rank_, std::move(seen),
+                                                                    /*neighbours=*/true));
   }
   JAXFOG_RETURN_IF_ERROR(data_requests.WaitAll(
       timeout_seconds_, what, timed ? &data_done : nullptr,
@@ -458,13 +561,21 @@ ffi::Error MpiTransport::Agree(const OpInfo& info, uint64_t bytes, const std::st
     return ffi::Error::InvalidArgument(
         what + ": ranks called different operations, or in a different order");
   }
-  if (differs(2) || differs(3)) {
-    return ffi::Error::InvalidArgument(
-        what + ": shapes or dtypes differ between ranks (this rank has " +
-        std::to_string(bytes) + " bytes; the ranks have between " + std::to_string(-recv[7]) +
-        " and " + std::to_string(recv[3]) + ")");
-  }
-  return ffi::Error::Success();
+  if (!differs(2) && !differs(3)) return ffi::Error::Success();
+  // Every rank saw the same extremes, so all take this path together (no
+  // hang): one allgather of the headers, only here, names who differs.
+  const Header header{kMagic, static_cast<uint64_t>(info.op), sequence_, info.signature, bytes,
+                      info.layout};
+  std::vector<Header> headers(size_);
+  RequestSet gather("the other ranks");
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Iallgather(&header, sizeof(Header), MPI_BYTE, headers.data(),
+                                            sizeof(Header), MPI_BYTE, comm_, gather.Add()),
+                             what + ": MPI_Iallgather of the layouts");
+  JAXFOG_RETURN_IF_ERROR(gather.WaitAll(timeout_seconds_, what));
+  std::vector<std::pair<int, Header>> seen;
+  for (int r = 0; r < size_; ++r) seen.emplace_back(r, headers[r]);
+  return ffi::Error::InvalidArgument(what + ": " + LayoutMismatch(rank_, std::move(seen),
+                                                                  /*neighbours=*/false));
 }
 
 ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out,

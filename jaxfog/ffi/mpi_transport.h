@@ -43,7 +43,8 @@ class MpiTransport final : public Transport {
   MpiTransport(MPI_Comm comm, double timeout_seconds, size_t max_message_bytes);
   // The MPI calls construction needs (a constructor cannot fail).
   ffi::Error Init();
-  // Checks that all ranks agree on (op, sequence number, signature, bytes).
+  // Checks that all ranks agree on (op, sequence number, signature, bytes);
+  // on different layouts, the error names the ranks outside the majority.
   ffi::Error Agree(const OpInfo& info, uint64_t bytes, const std::string& what);
   std::string Describe(const OpInfo& info) const;
 

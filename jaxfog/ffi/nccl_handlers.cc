@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "call.h"
@@ -51,9 +52,10 @@ ffi::Error Malformed(const char* op, const std::string& what) {
 // out[l] = the blocks from recv_ranks (in order) of leaf l. With `stacked`,
 // in[l] holds one block per send rank (block s goes to send_ranks[s]);
 // without, all of in[l] goes to every send rank.
-ffi::Error Exchange(int64_t comm_id, int64_t signature, I64s send_ranks, I64s recv_ranks,
-                    bool stacked, ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token>,
-                    ffi::RemainingRets rets, cudaStream_t stream) {
+ffi::Error Exchange(int64_t comm_id, int64_t signature, std::string_view layout,
+                    I64s send_ranks, I64s recv_ranks, bool stacked, ffi::Token,
+                    ffi::RemainingArgs args, ffi::Result<ffi::Token>, ffi::RemainingRets rets,
+                    cudaStream_t stream) {
   constexpr const char* kOp = "neighbor exchange (NCCL)";
   JAXFOG_ASSIGN_OR_FAIL(call, Decode(comm_id, kOp, args, rets));
   const size_t n_send = send_ranks.size(), n_recv = recv_ranks.size();
@@ -78,21 +80,21 @@ ffi::Error Exchange(int64_t comm_id, int64_t signature, I64s send_ranks, I64s re
     }
   }
   NcclTransport::StreamScope scope(stream);
-  const OpInfo info{OpCode::kNeighborAllgather, static_cast<uint64_t>(signature)};
-  return call.transport->Exchange(info, sends, recvs);
+  return call.transport->Exchange(Info(OpCode::kNeighborAllgather, signature, layout), sends,
+                                  recvs);
 }
 
 // A collective op on every leaf: one header check, one NCCL group; `enqueue`
 // issues leaf l's NCCL call; `figure(nccl, bytes)` is what comm_stats counts
 // for `bytes` of input.
 template <typename Figure, typename Enqueue>
-ffi::Error Collective(OpCode op, int64_t comm_id, int64_t signature, ffi::RemainingArgs args,
-                      ffi::RemainingRets rets, cudaStream_t stream, Figure figure,
-                      Enqueue enqueue) {
+ffi::Error Collective(OpCode op, int64_t comm_id, int64_t signature, std::string_view layout,
+                      ffi::RemainingArgs args, ffi::RemainingRets rets, cudaStream_t stream,
+                      Figure figure, Enqueue enqueue) {
   JAXFOG_ASSIGN_OR_FAIL(call, Decode(comm_id, OpName(op), args, rets));
   NcclTransport::StreamScope scope(stream);
   NcclTransport* nccl = call.transport;
-  const OpInfo info{op, static_cast<uint64_t>(signature)};
+  const OpInfo info = Info(op, signature, layout);
   return nccl->Collective(info, std::invoke(figure, *nccl, TotalBytes(call.in)), [&](cudaStream_t s) -> ffi::Error {
     for (size_t l = 0; l < call.in.size(); ++l) {
       JAXFOG_RETURN_IF_ERROR(enqueue(nccl, call.in[l], call.out[l], s));
@@ -102,9 +104,10 @@ ffi::Error Collective(OpCode op, int64_t comm_id, int64_t signature, ffi::Remain
 }
 
 // out[l] = the sum over ranks of in[l].
-ffi::Error Allreduce(int64_t comm_id, int64_t signature, ffi::Token, ffi::RemainingArgs args,
-                     ffi::Result<ffi::Token>, ffi::RemainingRets rets, cudaStream_t stream) {
-  return Collective(OpCode::kAllreduce, comm_id, signature, args, rets, stream,
+ffi::Error Allreduce(int64_t comm_id, int64_t signature, std::string_view layout, ffi::Token,
+                     ffi::RemainingArgs args, ffi::Result<ffi::Token>, ffi::RemainingRets rets,
+                     cudaStream_t stream) {
+  return Collective(OpCode::kAllreduce, comm_id, signature, layout, args, rets, stream,
                     &NcclTransport::AllreduceBytes,
                     [](NcclTransport* nccl, const Leaf& in, const Leaf& out, cudaStream_t s) {
                       return nccl->EnqueueAllreduce(in.in, out.out, in.count, in.type, s);
@@ -112,11 +115,11 @@ ffi::Error Allreduce(int64_t comm_id, int64_t signature, ffi::Token, ffi::Remain
 }
 
 // out[l] = root's in[l].
-ffi::Error Broadcast(int64_t comm_id, int64_t signature, int64_t root, ffi::Token,
-                     ffi::RemainingArgs args, ffi::Result<ffi::Token>, ffi::RemainingRets rets,
-                     cudaStream_t stream) {
+ffi::Error Broadcast(int64_t comm_id, int64_t signature, std::string_view layout, int64_t root,
+                     ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                     ffi::RemainingRets rets, cudaStream_t stream) {
   return Collective(
-      OpCode::kBroadcast, comm_id, signature, args, rets, stream,
+      OpCode::kBroadcast, comm_id, signature, layout, args, rets, stream,
       [root](const NcclTransport& nccl, size_t bytes) {
         return nccl.BroadcastBytes(bytes, static_cast<int>(root));
       },
@@ -130,9 +133,10 @@ ffi::Error Broadcast(int64_t comm_id, int64_t signature, int64_t root, ffi::Toke
 }
 
 // out[l] = in[l] of ranks 0..n-1, concatenated along axis 0.
-ffi::Error Allgather(int64_t comm_id, int64_t signature, ffi::Token, ffi::RemainingArgs args,
-                     ffi::Result<ffi::Token>, ffi::RemainingRets rets, cudaStream_t stream) {
-  return Collective(OpCode::kAllgather, comm_id, signature, args, rets, stream,
+ffi::Error Allgather(int64_t comm_id, int64_t signature, std::string_view layout, ffi::Token,
+                     ffi::RemainingArgs args, ffi::Result<ffi::Token>, ffi::RemainingRets rets,
+                     cudaStream_t stream) {
+  return Collective(OpCode::kAllgather, comm_id, signature, layout, args, rets, stream,
                     &NcclTransport::AllgatherBytes,
                     [](NcclTransport* nccl, const Leaf& in, const Leaf& out, cudaStream_t s) {
                       return nccl->EnqueueAllgather(in.in, out.out, in.bytes, s);

@@ -9,7 +9,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <cstring>
 #include <limits>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "ops.h"
@@ -19,11 +22,27 @@ namespace jaxfog {
 
 namespace ffi = ::xla::ffi;
 
+// One message's shapes and dtypes in words ("f32[3,4], i32[]"), written at
+// trace time (jaxfog/ops/_primitive.py, which shortens it to fit), so that a
+// mismatch shows each side's. Fixed size: it travels in every message header.
+struct LayoutText {
+  static constexpr size_t kSize = 88;
+  char text[kSize] = {};  // NUL-padded; no NUL when full
+
+  static LayoutText From(std::string_view layout) {
+    LayoutText result;
+    layout.copy(result.text, kSize);
+    return result;
+  }
+  std::string str() const { return std::string(text, strnlen(text, kSize)); }
+};
+
 // What one rank believes the current operation is; peers must agree.
 struct OpInfo {
   OpCode op;
   // Hash of the shapes and dtypes of one message (computed at trace time).
   uint64_t signature;
+  LayoutText layout;  // the same in words, for errors
 };
 
 // A message is the concatenation of its pieces, sent without packing.
@@ -82,15 +101,17 @@ class Transport {
 
   // One round of point-to-point messages: every send and receive is posted at
   // once and completed together. Each message carries a header with the op,
-  // its sequence number and its size; a receive whose header does not match
-  // what this rank expects fails with an error naming the peer. With
+  // its sequence number, its size and layout; a receive whose header does not
+  // match what this rank expects fails with an error naming the peer (for
+  // layouts, the rank that differs from the majority of the headers seen). With
   // `streaming`, data is handed over as it arrives (see Streaming).
   virtual ffi::Error Exchange(const OpInfo& info, const std::vector<SendSpec>& sends,
                               const std::vector<RecvSpec>& recvs,
                               const Streaming* streaming = nullptr) = 0;
 
   // Collectives. Before moving data they check that every rank runs the same
-  // op with the same signature and size, and fail on every rank otherwise.
+  // op with the same signature and size, and fail on every rank otherwise
+  // (naming the ranks whose layout differs from the majority's).
   // Allreduce sums.
   virtual ffi::Error Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
                                ffi::DataType type) = 0;

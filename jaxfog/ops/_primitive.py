@@ -152,6 +152,42 @@ def signature(op: str, avals: Sequence[Any]) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
 
 
+#: Characters of a layout that travel in every message header (``LayoutText``
+#: in ``jaxfog/ffi/transport.h``).
+LAYOUT_CHARS = 88
+
+
+def _short_dtype(dtype) -> str:
+    """jnp's short names: f32, bf16, i64, u8, c64, bool."""
+    name = np.dtype(dtype).name
+    if name == "bfloat16":
+        return "bf16"
+    for long, short in (("complex", "c"), ("float", "f"), ("uint", "u"), ("int", "i")):
+        if name.startswith(long):
+            return short + name[len(long):]
+    return name
+
+
+def layout(avals: Sequence[Any]) -> str:
+    """One message's layout in words for errors, e.g. ``f32[3,4], i32[]``: the
+    first leaves and ``... (N leaves)`` when all would not fit in a header."""
+    leaves = [f"{_short_dtype(a.dtype)}[{','.join(map(str, a.shape))}]" for a in avals]
+    text = ", ".join(leaves)
+    if len(text) <= LAYOUT_CHARS:
+        return text
+    for shown in range(len(leaves) - 1, 0, -1):
+        text = ", ".join(leaves[:shown]) + f", ... ({len(leaves)} leaves)"
+        if len(text) <= LAYOUT_CHARS:
+            return text
+    return text[:LAYOUT_CHARS - 3] + "..."
+
+
+def message(op: str, avals: Sequence[Any]) -> dict[str, Any]:
+    """The attributes that describe one message of ``op``: its ``signature``,
+    which ranks compare, and its ``layout``, which a mismatch error shows."""
+    return {"signature": signature(op, avals), "layout": layout(avals)}
+
+
 def _differentiable(aval) -> bool:
     return jnp.issubdtype(aval.dtype, jnp.inexact)
 

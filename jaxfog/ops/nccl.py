@@ -27,7 +27,7 @@ from jax import core
 from jax.interpreters import mlir
 
 from jaxfog import _gpu, ffi, runtime
-from jaxfog.ops._primitive import GENERIC_LOWERINGS, lower_comm_call, signature
+from jaxfog.ops._primitive import GENERIC_LOWERINGS, lower_comm_call, message
 
 EXCHANGE, ALLREDUCE, BROADCAST, ALLGATHER = ffi.NCCL_TARGETS
 
@@ -68,7 +68,7 @@ def _exchange(ctx, values, avals, *, send_ranks, recv_ranks, stacked: bool, bloc
     blocks = [_shaped(s, a.dtype) for s, a in zip(block_shapes, avals)]
     outs = [_shaped((len(recv_ranks), *s), a.dtype) for s, a in zip(block_shapes, avals)]
     attributes = {"comm_id": _gpu.NCCL_COMM_ID,
-                  "signature": signature("nccl_exchange", blocks),
+                  **message("nccl_exchange", blocks),
                   "send_ranks": np.array(send_ranks, np.int64),
                   "recv_ranks": np.array(recv_ranks, np.int64), "stacked": stacked}
     return _call(ctx, EXCHANGE, values, avals, outs, attributes), outs
@@ -137,7 +137,7 @@ def _allreduce(ctx, *xs, mean, comm_id):
     if mean and any(jnp.issubdtype(a.dtype, jnp.integer) for a in ctx.avals_in):
         return None  # integer means are summed in float64 by the host-staged op
     attributes = {"comm_id": _gpu.NCCL_COMM_ID,
-                  "signature": signature("allreduce", ctx.avals_in)}
+                  **message("allreduce", ctx.avals_in)}
     sums = _call(ctx, ALLREDUCE, xs, ctx.avals_in, ctx.avals_out, attributes)
     if not mean:
         return sums
@@ -148,13 +148,13 @@ def _allreduce(ctx, *xs, mean, comm_id):
 
 def _broadcast(ctx, *xs, root, comm_id):
     attributes = {"comm_id": _gpu.NCCL_COMM_ID, "root": root,
-                  "signature": signature("broadcast", ctx.avals_in)}
+                  **message("broadcast", ctx.avals_in)}
     return _call(ctx, BROADCAST, xs, ctx.avals_in, ctx.avals_out, attributes)
 
 
 def _allgather(ctx, *xs, size, comm_id):
     attributes = {"comm_id": _gpu.NCCL_COMM_ID,
-                  "signature": signature("allgather", ctx.avals_in)}
+                  **message("allgather", ctx.avals_in)}
     return _call(ctx, ALLGATHER, xs, ctx.avals_in, ctx.avals_out, attributes)
 
 

@@ -31,7 +31,7 @@ from jaxfog import runtime
 from jaxfog.ops import _plan, nccl
 from jaxfog.ops.jit import jit
 from jaxfog.ops._primitive import (comm_effect, define, linear_jvp, linear_transpose,
-                                   lower_comm_call, register_lowering, signature, target)
+                                   lower_comm_call, message, register_lowering, target)
 
 
 def _same_avals(*avals, **params) -> list:
@@ -59,7 +59,7 @@ def _move_batch_to_axis1(x, dim):
 
 
 def _allreduce_attributes(avals_in, *, plan: _plan.Plan, comm_id: int) -> dict:
-    return {"comm_id": comm_id, "signature": signature("neighbor_allreduce", avals_in[1:]),
+    return {"comm_id": comm_id, **message("neighbor_allreduce", avals_in[1:]),
             **plan.attributes()}
 
 
@@ -90,7 +90,7 @@ def _gather_attributes(op: str):
     def attributes(avals_in, *, send_ranks, recv_ranks, out_shapes, comm_id):
         blocks = out_shapes if op == "neighbor_reduce_scatter" else [a.shape for a in avals_in]
         avals = [core.ShapedArray(s, a.dtype) for s, a in zip(blocks, avals_in)]
-        return {"comm_id": comm_id, "signature": signature("neighbor_allgather", avals),
+        return {"comm_id": comm_id, **message("neighbor_allgather", avals),
                 "send_ranks": np.array(send_ranks, np.int64),
                 "recv_ranks": np.array(recv_ranks, np.int64)}
 
@@ -150,18 +150,18 @@ for _prim, _adjoint in ((neighbor_allgather_p, neighbor_reduce_scatter_p),
 allreduce_p = define(
     "allreduce", _same_avals,
     lambda avals, *, mean, comm_id: {"comm_id": comm_id, "mean": mean,
-                                     "signature": signature("allreduce", avals)})
+                                     **message("allreduce", avals)})
 broadcast_p = define(
     "broadcast", _same_avals,
     lambda avals, *, root, comm_id: {"comm_id": comm_id, "root": root,
-                                     "signature": signature("broadcast", avals)})
+                                     **message("broadcast", avals)})
 allgather_p = define(
     "allgather",
     lambda *avals, size, comm_id: [
         core.ShapedArray((size * (a.shape or (1,))[0], *a.shape[1:]), a.dtype)
         for a in avals],
     lambda avals, *, size, comm_id: {"comm_id": comm_id,
-                                     "signature": signature("allgather", avals)})
+                                     **message("allgather", avals)})
 
 for _prim in (allreduce_p, broadcast_p, allgather_p):
     ad.primitive_jvps[_prim] = linear_jvp(_prim, 0)
