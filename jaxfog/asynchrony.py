@@ -94,6 +94,9 @@ class Trainer(NamedTuple):
     #: whose steps end first go first); a synchronous trainer's agents step
     #: together and its ops wait for the neighbours.
     asynchronous: bool = False
+    #: ``compile(state, grad_fn)``: compiles what ``step`` runs on MPI
+    #: without running it (:func:`run`'s warm-up); nothing on simulated agents.
+    compile: Callable[[Any, GradFn], None] = lambda state, grad_fn: None
 
 
 def _always(state: Any) -> bool:
@@ -141,7 +144,12 @@ def from_optax(optimizer: optax.GradientTransformation, *,
     def step(state, grad_fn):
         return local(state, grad_fn) if _simulated() else compiled(state, grad_fn)
 
-    return Trainer(init, step, lambda state: state.params, _always, free, asynchronous)
+    def compile_step(state, grad_fn):
+        if not _simulated():
+            compiled.lower(state, grad_fn).compile()
+
+    return Trainer(init, step, lambda state: state.params, _always, free, asynchronous,
+                   compile_step)
 
 
 def push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.push_sum",
@@ -308,44 +316,60 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
 
     def local(x, opt_state, iteration, grad_fn):
         grads = grad_fn(x, iteration)
-        return inner.update(grads, opt_state, x)
+        return (*inner.update(grads, opt_state, x), iteration + 1)
 
     def step(state, grad_fn):
         if _simulated():
             x = sw.read_value(name)
-            u, opt_state = local(x, state.opt_state, state.iteration, grad_fn)
+            u, opt_state, iteration = local(x, state.opt_state, state.iteration, grad_fn)
             sw.pair_average(name, peer(state.iteration))
             sw.add_to_value(name, u)
-            return ADPSGDState(opt_state, state.iteration + 1)
+            return ADPSGDState(opt_state, iteration)
+        jitted()
+        r = runtime.rank()
+        it = int(state.iteration)
+        with W.win_mutex(name, [r]):
+            x = compiled["read"]()
+        u, opt_state, iteration = compiled["local"](x, state.opt_state, state.iteration,
+                                                    grad_fn)
+        j = int(peer(it))
+        with W.win_mutex(name, [r, j]):
+            compiled["average"](j)
+        compiled["add"](u)
+        return ADPSGDState(opt_state, iteration)
+
+    def jitted():
         if "local" not in compiled:
             compiled.update(read=jit(read_mpi), average=jit(average_mpi, static_argnums=0),
                             add=jit(lambda u: _accumulate_values(
                                 u, name, {runtime.rank(): 1.0}, True)),
                             local=jit(local, static_argnums=3))
-        r = runtime.rank()
-        it = int(state.iteration)
-        with W.win_mutex(name, [r]):
-            x = compiled["read"]()
-        u, opt_state = compiled["local"](x, state.opt_state, state.iteration, grad_fn)
-        j = int(peer(it))
-        with W.win_mutex(name, [r, j]):
-            compiled["average"](j)
-        compiled["add"](u)
-        return ADPSGDState(opt_state, state.iteration + 1)
+        return compiled
 
     def params(state):
         if _simulated():
             return sw.read_value(name)
-        if "read" not in compiled:
-            compiled["read"] = jit(read_mpi)
         with W.win_mutex(name, [runtime.rank()]):
-            return compiled["read"]()
+            return jitted()["read"]()
+
+    def compile_step(state, grad_fn):
+        if _simulated():
+            return
+        pieces, r = jitted(), runtime.rank()
+        x = _zeros(state_template["shape"])
+        pieces["read"].lower().compile()
+        pieces["local"].lower(x, state.opt_state, state.iteration, grad_fn).compile()
+        pieces["add"].lower(x).compile()
+        for j in state_template["table"][r, :state_template["count"][r]]:  # every peer
+            pieces["average"].lower(int(j)).compile()
+        with W.win_mutex(name, [r]):  # and the mutex's own small computations
+            pass
 
     def free():
         compiled.clear()
         W.win_free(name)
 
-    return Trainer(init, step, params, _always, free, True)
+    return Trainer(init, step, params, _always, free, True, compile_step)
 
 
 class HopState(NamedTuple):
@@ -432,9 +456,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
     def ready(state):
         if _simulated():
             return admissible(read_counters(), state.iteration)[0]
-        if "ready" not in compiled:
-            compiled["ready"] = jit(lambda k: admissible(read_counters(), k)[0])
-        return bool(compiled["ready"](state.iteration))
+        return bool(jitted()["ready"](state.iteration))
 
     def weights(fresh):
         w = held["graph"].weights
@@ -470,19 +492,28 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
         W.win_put(jnp.zeros(held["n"], jnp.int32).at[runtime.rank()].set(k), counters)
         return HopState(x, y, opt_state, k, seen.astype(jnp.int32))
 
+    def jitted():
+        if "local" not in compiled:
+            compiled.update(ready=jit(lambda k: admissible(read_counters(), k)[0]),
+                            local=jit(local, static_argnums=1))
+        return compiled
+
     def step(state, grad_fn):
         if _simulated():
             return local(state, grad_fn)
-        if "local" not in compiled:
-            compiled["local"] = jit(local, static_argnums=1)
-        return compiled["local"](state, grad_fn)
+        return jitted()["local"](state, grad_fn)
+
+    def compile_step(state, grad_fn):
+        if not _simulated():
+            jitted()["ready"].lower(state.iteration).compile()
+            jitted()["local"].lower(state, grad_fn).compile()
 
     def free():
         compiled.clear()
         W.win_free(models)
         W.win_free(counters)
 
-    return Trainer(init, step, lambda state: state.params, ready, free, True)
+    return Trainer(init, step, lambda state: state.params, ready, free, True, compile_step)
 
 
 def now() -> Any:
@@ -492,11 +523,23 @@ def now() -> Any:
 
 
 def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
-        until: float | None = None, poll: float = 1e-4,
+        until: float | None = None, warmup: bool = True, poll: float = 1e-4,
         callback: Callable[[Any], None] | None = None) -> Any:
     """This agent's iterations until its counter reaches ``iterations`` (Hop's
     skips move it forward), or, for an asynchronous trainer, until its clock
-    (:func:`now`) reaches ``until``: it starts no step after that.
+    (:func:`now`) reaches ``until``: it starts no step after that. On MPI the
+    clock is ``time.perf_counter()``, so a budget of ``b`` seconds is
+    ``until=jfa.now() + b``, taken after ``init``.
+
+    ``grad_fn(params, iteration)`` is traced into the compiled step once:
+    host work inside it (a ``time.sleep``, a print) happens at trace time
+    only. Emulate compute time with ``callback`` (MPI) or
+    ``simulate(..., delays=...)``.
+
+    With ``warmup`` (the default) every compiled piece of the step is
+    compiled on MPI before the first step, so compilation does not eat into
+    ``until`` (the first execution of each piece still costs some tens of
+    milliseconds); simulated time never counts compilation.
 
     On MPI it waits for ``trainer.ready`` before each step, polling every
     ``poll`` seconds, and raises ``TimeoutError`` after ``JAXFOG_TIMEOUT`` (a
@@ -520,6 +563,8 @@ def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
                             "in chunks of iterations")
         return _run_simulated(trainer, state, grad_fn, iterations, until)
     limit, until = runtime.timeout(), float(until)
+    if warmup:
+        trainer.compile(state, grad_fn)
     while int(state.iteration) < iterations and now() < until:
         start = time.monotonic()
         while not trainer.ready(state):

@@ -182,3 +182,41 @@ def test_a_peer_dying_mid_run_ends_the_job(trainer):
     assert not result.ok
     assert result.returncode is not None, result.report()  # ended, not killed by the harness
     assert result.seconds < 90, result.report()
+
+
+@mpi_test(nprocs=(3,), timeout=240)
+def test_the_warm_up_compiles_every_piece_of_a_step_before_the_clock_starts():
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from jax import monitoring
+
+    import jaxfog as jf
+    import jaxfog.asynchrony as jfa
+
+    jf.init()
+    events = []
+    monitoring.register_event_duration_secs_listener(
+        lambda name, secs, **kw: events.append((name, kw)) if "/jax/core/compile/" in name else None)
+    grad_fn = lambda p, k: 0.1 * p  # noqa: E731
+    for make in (lambda: jfa.push_sum(optax.sgd(0.1)), lambda: jfa.adpsgd(optax.sgd(0.1)),
+                 lambda: jfa.hop(optax.sgd(0.1), staleness=None, backups=1)):
+        trainer = make()
+        state = trainer.init(jnp.arange(4.0) + jf.rank())
+        trainer.compile(state, grad_fn)
+        events.clear()
+        state = jfa.run(trainer, state, grad_fn, 30, warmup=False)
+        trainer.params(state)
+        assert not events, (trainer, events)  # nothing left to trace or compile
+        jf.barrier()
+        trainer.free()
+    # run() warms up by default, once, before the first step.
+    calls = []
+    trainer = jfa.push_sum(optax.sgd(0.1))
+    state = trainer.init(jnp.zeros(4))
+    spy = trainer._replace(compile=lambda s, g: calls.append(int(s.iteration)))
+    jfa.run(spy, state, grad_fn, 3)
+    assert calls == [0], calls
+    jax.block_until_ready(state)
+    jf.barrier()
+    trainer.free()
