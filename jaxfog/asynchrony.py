@@ -128,7 +128,9 @@ def from_optax(optimizer: optax.GradientTransformation, *,
     """A trainer of one optax transformation: ``g = grad_fn(x, k)``,
     ``x += update(g)``. Synchronous for jaxfog's neighbour and collective
     ops; pass ``asynchronous=True`` for window-based ones that never wait
-    (``async_push_sum``)."""
+    (``async_push_sum``). Warns (:func:`jaxfog.optax.check_chain`) when a
+    mixing transformation is followed by others in a chain."""
+    jf_optax.check_chain(optimizer)
 
     def init(params):
         return OptaxState(params, optimizer.init(params), jnp.zeros([], jnp.int32))

@@ -75,7 +75,9 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import functools
+import warnings
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -87,12 +89,60 @@ from jaxfog import _compressed as CG
 from jaxfog import compress as C
 from jaxfog import runtime
 from jaxfog import topology as T
-from jaxfog._compressed import (BeerState, ChocoState, ErrorFeedbackState, PublicCopies, beer,
-                                choco)
+from jaxfog._compressed import BeerState, ChocoState, ErrorFeedbackState, PublicCopies
 from jaxfog.ops import allreduce, hierarchical_neighbor_allreduce, neighbor_allreduce
 from jaxfog.ops.window import win_accumulate, win_create, win_update_then_collect
 
 Tree = Any
+
+
+def _mixes_parameters(make: Callable) -> Callable:
+    """Marks the transformations whose update moves the parameters to mixed
+    values, so that :func:`check_chain` can find them in a chain."""
+
+    @functools.wraps(make)
+    def marked(*args, **kwargs):
+        transformation = make(*args, **kwargs)
+        transformation.update._jaxfog_mixing = make.__name__
+        return transformation
+
+    return marked
+
+
+def _chain_members(update: Callable) -> list[Callable]:
+    """The update functions of an ``optax.chain``, nested chains flattened (a
+    transformation that is not a chain is its own member). Reads the chain's
+    closure; anything else is one opaque member."""
+    code, cells = getattr(update, "__code__", None), getattr(update, "__closure__", None)
+    if code is None or not cells or "update_fns" not in code.co_freevars:
+        return [update]
+    members = cells[code.co_freevars.index("update_fns")].cell_contents
+    return [m for fn in members for m in _chain_members(fn)]
+
+
+def check_chain(optimizer: optax.GradientTransformation) -> None:
+    """Warns when a transformation that mixes the parameters with the neighbours
+    (``atc``, ``awc``, ``push_sum``, ...) is followed by another one in an
+    ``optax.chain``: that one would transform the mixing too (a clip after
+    ``atc`` clips the consensus step, silently). Put it inside instead:
+    ``atc(optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1)))``.
+    :func:`jaxfog.asynchrony.from_optax` calls it; call it on your own
+    optimizer where you build one."""
+    members = _chain_members(optimizer.update)
+    for k, fn in enumerate(members[:-1]):
+        name = getattr(fn, "_jaxfog_mixing", None)
+        if name is not None:
+            warnings.warn(
+                f"jaxfog.optax.{name} is followed by {len(members) - k - 1} other "
+                "transformation(s) in an optax.chain: they will also transform the "
+                f"neighbour mixing in {name}'s update (a clip would clip the consensus "
+                f"step). Put them inside instead: {name}(optax.chain(..., inner)), or "
+                f"make {name} the chain's last element.", UserWarning, stacklevel=2)
+            return
+
+
+beer = _mixes_parameters(CG.beer)
+choco = _mixes_parameters(CG.choco)
 
 
 def _need_params(name: str, params: Any) -> None:
@@ -150,6 +200,7 @@ class DiffusionState(NamedTuple):
     count: jax.Array
 
 
+@_mixes_parameters
 def atc(inner: optax.GradientTransformation, *, topology: Any = None,
         communication: str = "neighbor",
         global_every: int | None = None) -> optax.GradientTransformationExtraArgs:
@@ -178,6 +229,11 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
     global mean at the steps :math:`k = 0, p, 2p, \dots` and ``communication``
     at the others; ``communication="none", global_every=p`` is thus local
     training with a global average every :math:`p` steps.
+
+    Put clipping, weight decay and the like *inside* (``inner``), never after
+    ``atc`` in an ``optax.chain``: a transformation after it would transform
+    the mixing too (a clip would clip the consensus step, silently).
+    :func:`check_chain` warns about such a chain.
 
     Args:
       inner: the local optimizer, any optax transformation (a chain with
@@ -241,6 +297,7 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
     return optax.GradientTransformationExtraArgs(init, update)
 
 
+@_mixes_parameters
 def awc(inner: optax.GradientTransformation, *, topology: Any = None,
         communication: str = "neighbor", global_every: int | None = None,
         compressor: C.Compressor | None = None, gamma: float = 1.0, groups: Any = None,
@@ -458,6 +515,7 @@ class TrackingState(NamedTuple):
     count: jax.Array
 
 
+@_mixes_parameters
 def gradient_tracking(learning_rate: float, *, topology: Any = None
                       ) -> optax.GradientTransformationExtraArgs:
     r"""Gradient tracking (DIGing) in adapt-then-combine form: exact at a constant step size.
@@ -543,6 +601,7 @@ class ExactDiffusionState(NamedTuple):
     count: jax.Array
 
 
+@_mixes_parameters
 def exact_diffusion(learning_rate: float, *, topology: Any = None
                     ) -> optax.GradientTransformationExtraArgs:
     r"""Exact diffusion: diffusion with a bias correction, exact at a constant step size.
@@ -682,6 +741,7 @@ class PushSumState(NamedTuple):
     count: jax.Array
 
 
+@_mixes_parameters
 def push_sum(inner: optax.GradientTransformation, *, topology: Any = None
              ) -> optax.GradientTransformationExtraArgs:
     r"""Push-sum / stochastic gradient push: averaging on directed and time-varying graphs.
@@ -794,6 +854,7 @@ def min_push_weight(dtypes: Any) -> float:
                if jnp.issubdtype(d, jnp.inexact))
 
 
+@_mixes_parameters
 def async_push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.push_sum",
                    topology: T.Topology | None = None
                    ) -> optax.GradientTransformationExtraArgs:
@@ -908,6 +969,7 @@ class PushDigingState(NamedTuple):
     count: jax.Array
 
 
+@_mixes_parameters
 def push_diging(learning_rate: float, *, topology: Any = None
                 ) -> optax.GradientTransformationExtraArgs:
     r"""Push-DIGing: gradient tracking with push-sum weights, for directed graphs.
@@ -985,6 +1047,6 @@ def push_diging(learning_rate: float, *, topology: Any = None
 
 __all__ = ["AsyncPushSumState", "BeerState", "ChocoState", "DiffusionState", "ErrorFeedbackState",
            "ExactDiffusionState", "PublicCopies", "PushDigingState", "PushSumState",
-           "TrackingState", "async_push_sum", "atc", "awc", "beer", "choco",
+           "TrackingState", "async_push_sum", "atc", "awc", "beer", "check_chain", "choco",
            "column_stochastic", "exact_diffusion", "gradient_allreduce", "gradient_tracking",
            "mass_dtype", "min_push_weight", "push_diging", "push_sum"]

@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import jaxfog as jf
+import jaxfog.asynchrony as jfa
 import jaxfog.optax as jfo
 import jaxfog.topology as T
 
@@ -55,3 +56,18 @@ def test_pydoc_lists_the_lazily_loaded_api():
         assert name in text, name
     assert {"neighbor_allreduce", "Agents", "simulate", "jit"} <= set(dir(jf))
     assert {"async_push_sum", "AsyncPushSumState"} <= set(jfo.__all__)
+
+
+def test_a_transformation_after_atc_in_a_chain_is_warned_about():
+    with pytest.warns(UserWarning, match=r"jaxfog.optax.atc is followed by 1 other.*clip"):
+        jfo.check_chain(optax.chain(jfo.atc(optax.sgd(0.1)), optax.clip_by_global_norm(1.0)))
+    with pytest.warns(UserWarning, match=r"jaxfog.optax.push_sum is followed"):
+        jfa.from_optax(optax.chain(optax.chain(jfo.push_sum(optax.sgd(0.1)),
+                                               optax.scale(2.0))))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jfo.check_chain(jfo.atc(optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))))
+        jfo.check_chain(optax.chain(optax.clip(1.0), jfo.awc(optax.adam(0.1))))
+        jfo.check_chain(optax.chain(jfo.gradient_allreduce(optax.sgd(0.1)), optax.clip(1.0)))
