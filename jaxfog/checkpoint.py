@@ -18,6 +18,12 @@ with another number raises instead of mixing up agents::
 
 Arrays are restored with the dtypes and shapes of ``like`` and bit for bit,
 so a restored run continues exactly as the uninterrupted one would have.
+
+A run of n simulated agents (one process, states stacked) continues on n MPI
+processes, and back, after :func:`convert` rewrites its checkpoints in the
+other layout (offline, in one process)::
+
+    jaxfog.checkpoint.convert("ckpt_sim", "ckpt_mpi", processes=4, like=one_agent_state)
 Needs ``pip install orbax-checkpoint`` (the ``jaxfog[checkpoint]`` extra).
 """
 
@@ -68,6 +74,8 @@ class CheckpointManager:
 
     def _check_layout(self) -> None:
         """Writes (rank 0) or checks the number of processes the directory is for."""
+        hint = ("; jaxfog.checkpoint.convert rewrites simulated agents' checkpoints for "
+                "MPI processes and back")
         layout = os.path.join(self.directory, "jaxfog.json")
         found = None
         if self.rank == 0:
@@ -84,7 +92,7 @@ class CheckpointManager:
             raise ValueError(
                 f"jaxfog.checkpoint: {self.directory} holds checkpoints of a run with {found} "
                 f"process(es); this run has {self.size}. Restore with the same number of "
-                "processes (each rank restores its own agent).")
+                f"processes (each rank restores its own agent){hint}.")
 
     def save(self, step: int, state: Any, *, force: bool = False) -> bool:
         """Saves this rank's ``state`` (any pytree of arrays) as ``step``.
@@ -135,4 +143,76 @@ class CheckpointManager:
         self.close()
 
 
-__all__ = ["CheckpointManager"]
+def _layout(directory: str) -> int:
+    try:
+        with open(os.path.join(directory, "jaxfog.json")) as f:
+            return int(json.load(f)["processes"])
+    except FileNotFoundError:
+        raise FileNotFoundError(f"jaxfog.checkpoint.convert: {directory} holds no jaxfog "
+                                "checkpoints (no jaxfog.json)") from None
+
+
+def convert(source: str | os.PathLike, destination: str | os.PathLike, *, processes: int,
+            like: Any) -> list[int]:
+    """Rewrites every checkpoint in ``source`` for ``processes`` processes.
+
+    One process of n simulated agents (each leaf stacked along a leading axis
+    of n) becomes n processes of one agent each (``processes=n``), and n
+    processes become one process of n stacked agents (``processes=1``).
+    Offline, in one process (no MPI); bit for bit.
+
+    Args:
+      source: a directory written by :class:`CheckpointManager`.
+      destination: a new (or empty) directory.
+      processes: the number of processes the destination is for.
+      like: the state of *one* agent (a pytree of arrays or
+        ``jax.ShapeDtypeStruct``): the structure, shapes and dtypes.
+
+    Returns:
+      The steps converted.
+    """
+    import orbax.checkpoint as ocp
+
+    source, destination = os.path.abspath(os.fspath(source)), os.path.abspath(
+        os.fspath(destination))
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"jaxfog.checkpoint.convert: processes must be a positive int, "
+                         f"got {processes!r}")
+    found = _layout(source)
+    if (found == 1) == (processes == 1):
+        raise ValueError(f"jaxfog.checkpoint.convert: {source} is for {found} process(es); "
+                         "it converts one process of stacked agents to one process per "
+                         f"agent and back, not to {processes}")
+    if os.path.exists(destination) and os.listdir(destination):
+        raise ValueError(f"jaxfog.checkpoint.convert: {destination} is not empty")
+    agents = max(found, processes)
+    one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), like)
+    stacked = jax.tree.map(lambda x: jax.ShapeDtypeStruct((agents, *x.shape), x.dtype), one)
+    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
+
+    def managers(root, count):
+        return [ocp.CheckpointManager(os.path.join(root, f"rank_{r}"), options=options)
+                for r in range(count)]
+
+    readers, writers = managers(source, found), managers(destination, processes)
+    try:
+        steps = sorted(set.intersection(*(set(m.all_steps()) for m in readers)))
+        for step in steps:
+            if found == 1:
+                state = readers[0].restore(step, args=ocp.args.StandardRestore(stacked))
+                for r, writer in enumerate(writers):
+                    writer.save(step, args=ocp.args.StandardSave(
+                        jax.tree.map(lambda v, r=r: np.asarray(v)[r], state)))
+            else:
+                states = [m.restore(step, args=ocp.args.StandardRestore(one)) for m in readers]
+                writers[0].save(step, args=ocp.args.StandardSave(jax.tree.map(
+                    lambda *v: np.stack([np.asarray(x) for x in v]), *states)))
+    finally:
+        for manager in readers + writers:
+            manager.close()
+    with open(os.path.join(destination, "jaxfog.json"), "w") as f:
+        json.dump({"processes": processes}, f)
+    return steps
+
+
+__all__ = ["CheckpointManager", "convert"]

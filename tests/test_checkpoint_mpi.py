@@ -165,3 +165,82 @@ def test_simulated_agents_checkpoint_their_stacked_state(tmp_path):
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
         assert a.dtype == b.dtype and np.array_equal(a, b)
     assert int(restored[1].count[0]) == 6
+
+
+def _awc_problem(n=4):
+    """awc with Adam over the one-peer schedule, pulled towards per-agent targets."""
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    import jaxfog.optax as jfo
+    import jaxfog.topology as T
+
+    optimizer = jfo.awc(optax.adam(0.1), topology=T.one_peer_exponential(n))
+    data = jnp.asarray(np.random.default_rng(0).standard_normal((n, 5)), jnp.float32)
+
+    def step(state, target):
+        params, opt_state = state
+        updates, opt_state = optimizer.update(params - target, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return optimizer, data, step
+
+
+def continue_converted_on_processes():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog as jf
+    from jaxfog.checkpoint import CheckpointManager
+
+    jf.init()
+    optimizer, data, step = _awc_problem(jf.size())
+    fresh = (jnp.zeros(5), optimizer.init(jnp.zeros(5)))
+    with CheckpointManager(os.path.join(os.environ["CKPT_DIR"], "mpi")) as manager:
+        state = manager.restore(None, like=fresh)
+    step = jf.jit(step)
+    for _ in range(3):
+        state = step(state, data[jf.rank()])
+    np.savez(_final_path(jf.rank()), *jax.tree.leaves(state))
+
+
+def test_simulated_checkpoints_continue_on_mpi_processes_and_back(tmp_path):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog as jf
+    from jaxfog.checkpoint import CheckpointManager, convert
+
+    n = 4
+    optimizer, data, step = _awc_problem(n)
+    step = jax.jit(jf.simulate(step, n))
+    state = jax.jit(jf.simulate(lambda x: (x, optimizer.init(x)), n))(jnp.zeros((n, 5)))
+    for _ in range(3):
+        state = step(state, data)
+    with CheckpointManager(tmp_path / "sim", async_save=False) as manager:
+        manager.save(3, state)
+    one = (jnp.zeros(5), optimizer.init(jnp.zeros(5)))
+    with pytest.raises(ValueError, match="for 1 process.*not to 1"):
+        convert(tmp_path / "sim", tmp_path / "same", processes=1, like=one)
+    assert convert(tmp_path / "sim", tmp_path / "mpi", processes=n, like=one) == [3]
+    _run(n, "continue_converted_on_processes", tmp_path)
+    for _ in range(3):
+        state = step(state, data)
+    for r in range(n):  # the processes went on as the simulated agents did
+        on_rank = np.load(tmp_path / f"final_{r}.npz")
+        for i, leaf in enumerate(jax.tree.leaves(state)):
+            np.testing.assert_allclose(on_rank[f"arr_{i}"], np.asarray(leaf)[r], rtol=1e-5,
+                                       atol=1e-6, err_msg=f"rank {r}, leaf {i}")
+    # And back: the processes' checkpoints as one process of stacked agents, bit for bit.
+    assert convert(tmp_path / "mpi", tmp_path / "back", processes=1, like=one) == [3]
+    with CheckpointManager(tmp_path / "back") as manager:
+        back = manager.restore(3, like=state)
+    with CheckpointManager(tmp_path / "sim") as manager:
+        saved = manager.restore(3, like=state)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(saved)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    with pytest.raises(ValueError, match=r"run with 4 process.*jaxfog.checkpoint.convert"):
+        CheckpointManager(tmp_path / "mpi")
