@@ -231,6 +231,12 @@ class Agents:
         one (default: the exponential graph). Under MPI it becomes the
         runtime's topology (``set_topology``).
       local_size: agents per simulated machine (see :func:`simulate`).
+
+    Attributes:
+      simulated: True when the agents are simulated in this process (a plain
+        ``python`` with ``simulated > 1``), False for one agent per MPI process.
+      size: the number of agents.
+      topology: the agents' topology.
     """
 
     def __init__(self, simulated: int = 4, topology: Any = None, *, local_size: int = 1):
@@ -250,7 +256,11 @@ class Agents:
         return self.simulated or runtime.rank() == 0
 
     def data(self, make: Callable[[int], Any]) -> Any:
-        """``make(rank)`` for this process's agent, or stacked over all agents."""
+        """``make(rank)`` for this process's agent, or stacked over all agents.
+
+        ``make`` may return an array or any pytree of arrays (a tuple ``(x, y)``
+        comes back as a tuple of arrays, each stacked over the agents when
+        simulated)."""
         if not self.simulated:
             return jax.tree.map(jnp.asarray, make(runtime.rank()))
         values = [make(r) for r in range(self.size)]
