@@ -24,6 +24,7 @@ processes, and back, after :func:`convert` rewrites its checkpoints in the
 other layout (offline, in one process)::
 
     jaxfog.checkpoint.convert("ckpt_sim", "ckpt_mpi", processes=4, like=one_agent_state)
+
 Needs ``pip install orbax-checkpoint`` (the ``jaxfog[checkpoint]`` extra).
 """
 
