@@ -15,10 +15,15 @@ machines is a wrapper script outside the toolkit) and, for NCCL, ``nccl.h``
 (``JAXFOG_NCCL_HOME``, the toolkit, or the ``nvidia-nccl-cu13`` wheel, a build
 requirement). The CUDA runtime is linked statically and libnccl is opened at
 run time, so the same library loads on machines without a GPU.
+
+A library built before in the same folder is rebuilt when the MPI, the compiler,
+jaxlib or the CUDA/NCCL detection changed (a fingerprint of them is baked into
+the library's build info; setuptools alone compares only file times).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -147,14 +152,105 @@ def _split_flags(flags: list[str]) -> dict:
     return parts
 
 
+def _mpi_library_paths(library_dirs: list[str], libraries: list[str]) -> dict[str, str]:
+    """The shared libraries (``-lNAME``) of the MPI wrapper found in its own ``-L``
+    folders, by name.
+
+    They are linked by path, not with ``-lNAME``: Python's own link line
+    (``LDSHARED``) puts Python's library folder first, and a Python whose prefix
+    holds the ``mpich`` wheel (pyenv, conda base) has MPICH's ``libmpi.so`` there,
+    so ``-lmpi`` linked MPICH into a build against Open MPI (``JAXFOG_MPICXX``).
+    """
+    found = {}
+    for name in libraries:
+        for folder in library_dirs:
+            candidate = Path(folder) / f"lib{name}.so"
+            if candidate.exists():
+                found[name] = str(candidate)
+                break
+    return found
+
+
+#: Where a build records what it was built with (see :func:`needs_rebuild`).
+FINGERPRINT_KEY = "fingerprint"
+
+
+def build_fingerprint(info: dict, *, jaxlib_version: str | None = None,
+                      compiler: list[str] | None = None) -> str:
+    """A digest of everything a built library depends on besides its sources:
+    the MPI wrapper and its flags, the MPI libraries it links (resolved), the
+    C++ compiler, jaxlib's version (its FFI headers) and the CUDA/NCCL detection."""
+    import hashlib
+
+    if jaxlib_version is None:
+        try:
+            jaxlib_version = importlib.metadata.version("jaxlib")
+        except importlib.metadata.PackageNotFoundError:
+            jaxlib_version = None
+    if compiler is None:
+        compiler = [os.environ.get("CXX", ""), os.environ.get("CC", ""),
+                    str(sysconfig.get_config_var("CXX") or "")]
+    libraries = {name: os.path.realpath(path)
+                 for name, path in sorted(info.get("mpi_libraries", {}).items())}
+    record = {
+        "mpicxx": os.path.realpath(info["mpicxx"]) if info.get("mpicxx") else None,
+        "mpi_flags": info.get("mpi_flags"),
+        "mpi_libraries": libraries,
+        "compiler": compiler,
+        "jaxlib": jaxlib_version,
+        **{key: info.get(key) for key in ("cuda_home", "cudart", "nccl_include",
+                                          "cuda_built", "nccl_built")},
+    }
+    text = json.dumps(record, sort_keys=True)
+    if not info.get("system_mpi") and info.get("mpicxx"):
+        # The mpich wheel: pip's isolated builds install it into a fresh temporary
+        # prefix each time; its version, not that folder, is what matters.
+        try:
+            version = importlib.metadata.version("mpich")
+        except importlib.metadata.PackageNotFoundError:
+            version = "?"
+        prefix = str(Path(os.path.realpath(info["mpicxx"])).parent.parent)
+        text = text.replace(prefix, f"<mpich wheel {version}>")
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def built_fingerprint(library: str | os.PathLike) -> str | None:
+    """The fingerprint baked into an existing library's build info, if any."""
+    import re
+
+    try:
+        data = Path(library).read_bytes()
+    except OSError:
+        return None
+    match = re.search(rb'"' + FINGERPRINT_KEY.encode() + rb'": "([0-9a-f]{64})"', data)
+    return match.group(1).decode() if match else None
+
+
+def needs_rebuild(library: str | os.PathLike, fingerprint: str) -> bool:
+    """Whether an existing library must be rebuilt even if its sources did not
+    change: it was built with another MPI, compiler, jaxlib or CUDA/NCCL
+    detection (or records none). setuptools alone only compares file times, so
+    a folder that was built once kept its first MPI whatever JAXFOG_MPICXX said."""
+    return Path(library).exists() and built_fingerprint(library) != fingerprint
+
+
 class BuildFfi(build_ext):
     """Compiles the FFI library against jaxlib's headers and the chosen MPI."""
 
     def build_extensions(self) -> None:
         mpicxx = _find_mpicxx()
-        mpi = _split_flags(_mpi_flags(mpicxx))
+        flags = _mpi_flags(mpicxx)
+        mpi = _split_flags(flags)
+        by_path = _mpi_library_paths(mpi["library_dirs"], mpi["libraries"])
         info = {"builder": "setuptools", "mpicxx": mpicxx, "system_mpi": _system_mpicxx() is not None,
-                "mpi_flags": _mpi_flags(mpicxx), **_detect_cuda_nccl()}
+                "mpi_flags": flags, "mpi_libraries": by_path, **_detect_cuda_nccl()}
+        info[FINGERPRINT_KEY] = build_fingerprint(info)
+        for ext in self.extensions:
+            if needs_rebuild(self.get_ext_fullpath(ext.name), info[FINGERPRINT_KEY]):
+                self.announce("jaxfog: the MPI, compiler, jaxlib or CUDA/NCCL differ from the "
+                              "previous build: rebuilding", level=3)
+                self.force = True
+                self.compiler.force = True
         generated = Path(self.build_temp) / "generated"
         generated.mkdir(parents=True, exist_ok=True)
         # Baked into the library so that it travels with it (editable or not).
@@ -163,7 +259,12 @@ class BuildFfi(build_ext):
         for ext in self.extensions:
             ext.include_dirs += [str(generated), *mpi["include_dirs"]]
             ext.library_dirs += mpi["library_dirs"]
-            ext.libraries += mpi["libraries"]
+            ext.libraries += [name for name in mpi["libraries"] if name not in by_path]
+            ext.extra_objects += list(by_path.values())
+            if info["system_mpi"]:
+                # Load the MPI it was built against, wherever the loader looks first.
+                ext.runtime_library_dirs += sorted({str(Path(p).parent)
+                                                    for p in by_path.values()})
             # -isystem: jaxlib's headers are not ours to warn about.
             ext.extra_compile_args += ["-std=c++17", "-O3", "-fvisibility=hidden", "-Wall",
                                        "-isystem", _jaxlib_include(), *mpi["compile_args"]]
@@ -216,8 +317,9 @@ setup(
     extras_require={
         "demo": ["flax", "matplotlib", "networkx", "scikit-learn"],
         "checkpoint": ["orbax-checkpoint"],
-        "test": ["pytest>=7", "flax", _NCCL_WHEEL, "matplotlib", "networkx", "orbax-checkpoint", "scipy",
-                 "scikit-learn", "sphinx>=7"],
+        # setuptools: tests/test_openmpi.py builds the library against Open MPI.
+        "test": ["pytest>=7", "setuptools>=64", "flax", _NCCL_WHEEL, "matplotlib", "networkx",
+                 "orbax-checkpoint", "scipy", "scikit-learn", "sphinx>=7"],
         "docs": ["sphinx>=7"],
         "bench": ["matplotlib", "mpi4jax"],
     },

@@ -109,6 +109,7 @@ def info_lines() -> list[str]:
         lines += [
             f"MPI library: {version[0] if version else '?'}",
             f"MPI thread level: {levels.get(lib.jaxfog_mpi_query_thread(), '?')}",
+            f"one-sided windows: {one_sided_component()}",
             f"mpi4py {MPI.get_vendor()[0]} {'.'.join(map(str, MPI.get_vendor()[1]))} "
             f"(mpi4py {__import__('mpi4py').__version__})",
             f"FFI library: {ffi.LIBRARY_PATH}",
@@ -124,6 +125,38 @@ def info_lines() -> list[str]:
     except ImportError as err:
         lines.append(f"FFI library: NOT USABLE: {err}")
     return lines
+
+
+def one_sided_component() -> str:
+    """Which one-sided (RMA) implementation jaxfog's windows get here, probed with
+    an 8-byte window on ``COMM_WORLD`` (collective: under ``jaxfog run`` every
+    rank runs ``jaxfog info``), and how the window mutex takes its lock."""
+    import os
+
+    from mpi4py import MPI
+
+    size = MPI.COMM_WORLD.Get_size()
+    try:
+        window = MPI.Win.Allocate(8, 8, comm=MPI.COMM_WORLD)
+        try:
+            name = window.Get_name()
+        finally:
+            window.Free()
+    except MPI.Exception as err:
+        return f"NOT USABLE: {err}"
+    mutex = "mutex by 32-bit MPI_Compare_and_swap"
+    if MPI.get_vendor()[0] != "Open MPI":
+        return f"{MPI.get_vendor()[0]} RMA; {mutex}"
+    # Open MPI's osc components name their windows "<component> window <id>";
+    # osc/sm leaves the name empty.
+    component = name.split(" window")[0] if " window" in name else "sm"
+    chosen = os.environ.get("OMPI_MCA_osc")
+    how = f"OMPI_MCA_osc={chosen}" if chosen else "Open MPI's default"
+    hint = "" if size > 1 else " (several ranks may get another, e.g. osc/rdma with " \
+        "Open MPI 4: jaxfog run -np 2 jaxfog info)"
+    # 32 bits because Open MPI <= 4.1.4's osc/rdma crashes on a 64-bit one on
+    # one node (see jaxfog/ffi/mpi_window.cc and the README).
+    return f"osc/{component} ({how}, probed on {size} rank{'s' * (size > 1)}); {mutex}{hint}"
 
 
 def _nccl_version() -> str:

@@ -30,6 +30,18 @@ from mpi4py import MPI
 out = jax.jit(lambda x: x * jf.ops.comm_size() + jf.ops.comm_rank())(jnp.int32(10))
 jf.barrier()
 assert int(out) == 10 * jf.size() + jf.rank(), out
+# A window under its mutex (a 64-bit compare-and-swap there crashed Open MPI <= 4.1.4).
+from jaxfog.ops import window as W
+peer, left = (jf.rank() + 1) % jf.size(), (jf.rank() - 1) % jf.size()
+W.win_create(jnp.zeros(2), "w", src_ranks=[left])
+jf.barrier()
+with W.win_mutex("w", ranks=[peer]):
+    W.win_put(jnp.full(2, jf.rank() + 1.0), "w", dst_weights={peer: 1.0})
+jf.barrier()
+y = W.win_update(jnp.zeros(2), "w", self_weight=0.0, src_weights={left: 1.0})
+assert float(y[0]) == left + 1.0, y
+jf.barrier()
+W.win_free("w")
 print(f"rank {jf.rank()}/{jf.size()} ok on {MPI.Get_library_version().splitlines()[0]}")
 ' | sort | tee run.txt
 test "$(grep -c ' ok on ' run.txt)" = 2

@@ -19,7 +19,12 @@ import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
-LIBRARY_PATH = Path(__file__).resolve().parent / "libjaxfog_ffi.so"
+#: Names another build of the FFI library to load instead of the installed one,
+#: e.g. one compiled against a second MPI (``tests/test_openmpi.py`` runs the MPI
+#: suites on Open MPI this way, beside the mpich wheel).
+LIBRARY_ENV = "JAXFOG_FFI_LIBRARY"
+LIBRARY_PATH = (Path(os.environ[LIBRARY_ENV]).resolve() if os.environ.get(LIBRARY_ENV)
+                else Path(__file__).resolve().parent / "libjaxfog_ffi.so")
 
 
 class FfiLibraryError(ImportError):
@@ -58,6 +63,8 @@ def _string(function, size: int = 8192) -> str:
 def library() -> ctypes.CDLL:
     """The loaded FFI library, with its C entry points typed."""
     if not LIBRARY_PATH.exists():
+        if os.environ.get(LIBRARY_ENV):
+            raise FfiLibraryError(f"{LIBRARY_ENV}={os.environ[LIBRARY_ENV]!r}: no such file")
         raise FfiLibraryError(
             f"jaxfog's FFI library is not built ({LIBRARY_PATH} is missing); "
             "install jaxfog with 'pip install .' or 'pip install -e .' from the source tree")

@@ -184,9 +184,18 @@ ffi::Error MpiWindow::ResetVersions(const std::vector<int64_t>& regions) {
 
 ffi::ErrorOr<bool> MpiWindow::TryAcquire(int peer) {
   const std::string what = "win_mutex of rank " + std::to_string(peer);
-  const int64_t free = 0, mine = 1 + rank_;
-  int64_t found = -1;
-  if (int code = MPI_Compare_and_swap(&mine, &free, &found, MPI_INT64_T, peer, 0, control_);
+  // The mutex is the low 32-bit half of control word 0 (the high half stays 0),
+  // and every access to it is 32-bit: Open MPI <= 4.1.4's osc/rdma (the
+  // default one-sided component on one node) runs a 64-bit compare-and-swap
+  // as a BTL atomic even when the target's window is mapped in this process;
+  // btl/vader emulates that atomic by sending the address *as mapped here* to
+  // the target, which dereferences it in its own address space: SIGSEGV
+  // (open-mpi/ompi#7967, fixed in 4.1.5 by "RDMA osc: perform CAS in shared
+  // memory if possible"). A 32-bit compare-and-swap is done in shared memory
+  // under osc/rdma's accumulate lock instead, and is atomic on every MPI.
+  const int32_t free = 0, mine = 1 + rank_;
+  int32_t found = -1;
+  if (int code = MPI_Compare_and_swap(&mine, &free, &found, MPI_INT32_T, peer, 0, control_);
       code != MPI_SUCCESS) {
     return ffi::Unexpected<ffi::Error>(CheckMpi(code, what + ": MPI_Compare_and_swap"));
   }
@@ -254,9 +263,9 @@ ffi::Error MpiWindow::Release(std::vector<int> ranks) {
       held_.erase(it);
     }
     const std::string what = "win_mutex release on rank " + std::to_string(peer);
-    const int64_t free = 0;
-    int64_t previous = 0;
-    if (int code = MPI_Fetch_and_op(&free, &previous, MPI_INT64_T, peer, 0, MPI_REPLACE,
+    const int32_t free = 0;  // 32-bit like TryAcquire's compare-and-swap (atomicity
+    int32_t previous = 0;    // holds only between accesses of one basic type)
+    if (int code = MPI_Fetch_and_op(&free, &previous, MPI_INT32_T, peer, 0, MPI_REPLACE,
                                     control_);
         code != MPI_SUCCESS) {
       result = CheckMpi(code, what + ": MPI_Fetch_and_op");

@@ -1,0 +1,138 @@
+"""setup.py's build of the FFI library: a folder built once is rebuilt when the
+MPI, compiler, jaxlib or CUDA/NCCL detection changed (it used to keep the first
+MPI's library whatever ``JAXFOG_MPICXX`` said), and the MPI is linked by path."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import stat
+from pathlib import Path
+
+import pytest
+import setuptools
+
+from jaxfog import ffi
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def build():
+    """setup.py's namespace, without running setup()."""
+    real = setuptools.setup
+    setuptools.setup = lambda **kwargs: None
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)
+        return runpy.run_path(str(REPO / "setup.py"), run_name="jaxfog_setup")
+    finally:
+        setuptools.setup = real
+        os.chdir(cwd)
+
+
+INFO = {"mpicxx": "/opt/mpi/bin/mpicxx", "mpi_flags": ["-I/opt/mpi/include", "-lmpi"],
+        "mpi_libraries": {}, "cuda_home": None, "cudart": None, "nccl_include": None,
+        "cuda_built": False, "nccl_built": False}
+
+
+def test_fingerprint_follows_mpi_compiler_jaxlib_and_cuda(build):
+    fingerprint = build["build_fingerprint"]
+    base = fingerprint(INFO, jaxlib_version="0.10.2", compiler=["g++"])
+    assert base == fingerprint(dict(INFO), jaxlib_version="0.10.2", compiler=["g++"])
+    changed = [
+        {**INFO, "mpicxx": "/usr/bin/mpicxx.openmpi"},
+        {**INFO, "mpi_flags": ["-I/opt/mpi/include", "-lmpi", "-lmpi_cxx"]},
+        {**INFO, "mpi_libraries": {"mpi": "/usr/lib/libmpi.so"}},
+        {**INFO, "cuda_built": True, "cuda_home": "/usr/local/cuda"},
+        {**INFO, "nccl_include": "/x/nccl/include"},
+    ]
+    for info in changed:
+        assert fingerprint(info, jaxlib_version="0.10.2", compiler=["g++"]) != base, info
+    assert fingerprint(INFO, jaxlib_version="0.11.2", compiler=["g++"]) != base
+    assert fingerprint(INFO, jaxlib_version="0.10.2", compiler=["clang++"]) != base
+
+
+def test_fingerprint_ignores_the_temporary_prefix_of_the_mpich_wheel(build, tmp_path):
+    # pip's isolated builds put the mpich wheel into a new folder every time.
+    def wheel_info(prefix):
+        return {**INFO, "system_mpi": False, "mpicxx": f"{prefix}/bin/mpicxx",
+                "mpi_flags": [f"-I{prefix}/include", f"-L{prefix}/lib", "-lmpi"],
+                "mpi_libraries": {"mpi": f"{prefix}/lib/libmpi.so"}}
+
+    fingerprint = build["build_fingerprint"]
+    one, two = (fingerprint(wheel_info(tmp_path / name), jaxlib_version="0.10.2",
+                            compiler=["g++"]) for name in ("env1", "env2"))
+    assert one == two
+    # A system MPI's folder is part of what was built (the library's rpath).
+    system = [fingerprint({**wheel_info(tmp_path / name), "system_mpi": True},
+                          jaxlib_version="0.10.2", compiler=["g++"])
+              for name in ("env1", "env2")]
+    assert system[0] != system[1]
+
+
+def test_rebuild_decision(build, tmp_path):
+    needs_rebuild, fingerprint = build["needs_rebuild"], "ab" * 32
+    library = tmp_path / "libjaxfog_ffi.so"
+    assert not needs_rebuild(library, fingerprint)  # nothing built: a normal build
+    library.write_bytes(b"\x7fELF...{\"builder\": \"setuptools\"}...")
+    assert needs_rebuild(library, fingerprint)  # built before fingerprints existed
+    library.write_bytes(b"\x7fELF...{\"fingerprint\": \"" + fingerprint.encode() + b"\"}...")
+    assert not needs_rebuild(library, fingerprint)
+    assert needs_rebuild(library, "cd" * 32)
+
+
+def test_installed_library_carries_its_fingerprint(build):
+    info = ffi.build_info()
+    if info.get("builder") != "setuptools" or "fingerprint" not in info:
+        pytest.skip("the installed library was not built by this setup.py")
+    assert build["built_fingerprint"](ffi.LIBRARY_PATH) == info["fingerprint"]
+
+
+def _build_probe(build, tmp_path: Path, mpicxx: str, monkeypatch) -> Path:
+    """Runs setup.py's build_ext on a one-file stand-in for the FFI library
+    (its build info and nothing else) with ``JAXFOG_MPICXX=mpicxx``."""
+    source = tmp_path / "probe.cc"
+    if not source.exists():
+        source.write_text('#include "build_info.h"\n'
+                          'extern "C" const char* probe_info() { return JAXFOG_BUILD_INFO; }\n')
+    monkeypatch.setenv("JAXFOG_MPICXX", mpicxx)
+    monkeypatch.setenv("JAXFOG_NO_CUDA", "1")
+    extension = setuptools.Extension(build["FFI_EXT_NAME"], sources=[str(source)],
+                                     language="c++")
+    command = build["BuildFfi"](setuptools.Distribution({"name": "probe",
+                                                         "ext_modules": [extension]}))
+    command.build_lib, command.build_temp = str(tmp_path / "lib"), str(tmp_path / "temp")
+    command.ensure_finalized()
+    command.run()
+    return Path(command.get_ext_fullpath(build["FFI_EXT_NAME"]))
+
+
+def test_a_second_build_with_another_mpicxx_rebuilds(build, tmp_path, monkeypatch):
+    monkeypatch.delenv("JAXFOG_MPICXX", raising=False)
+    try:
+        first = build["_find_mpicxx"]()
+    except RuntimeError as err:
+        pytest.skip(str(err))
+    # Another wrapper: the same MPI behind another path is enough to differ.
+    second = tmp_path / "bin" / "mpicxx"
+    second.parent.mkdir()
+    second.write_text(f'#!/bin/sh\nexec "{first}" "$@"\n')
+    second.chmod(second.stat().st_mode | stat.S_IXUSR)
+    library = _build_probe(build, tmp_path, first, monkeypatch)
+    assert f'"mpicxx": "{first}"'.encode() in library.read_bytes()
+    library = _build_probe(build, tmp_path, str(second), monkeypatch)
+    assert f'"mpicxx": "{second}"'.encode() in library.read_bytes(), \
+        "the library of the first build was kept"
+    # Nothing changed: no rebuild (the library is not touched).
+    before = library.stat().st_mtime_ns
+    _build_probe(build, tmp_path, str(second), monkeypatch)
+    assert library.stat().st_mtime_ns == before
+
+
+def test_mpi_libraries_are_linked_by_path(build, tmp_path):
+    mpi = tmp_path / "mpi" / "lib"
+    mpi.mkdir(parents=True)
+    (mpi / "libmpi.so").write_text("")
+    found = build["_mpi_library_paths"]([str(tmp_path / "none"), str(mpi)], ["mpi", "pthread"])
+    assert found == {"mpi": str(mpi / "libmpi.so")}  # -lpthread stays a -l
