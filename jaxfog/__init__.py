@@ -8,6 +8,7 @@ import importlib
 from typing import Any
 
 from jaxfog import topology
+from jaxfog.errors import JaxfogError, JaxfogTimeoutError
 from jaxfog.runtime import (
     NotInitializedError,
     async_min_bytes,
@@ -58,7 +59,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "Agents", "CommStats", "Delays", "NotInitializedError", *_OPS, *_WINDOW_OPS, "async_min_bytes", "comm_stats", "in_neighbor_ranks", "init",
+    "Agents", "CommStats", "Delays", "JaxfogError", "JaxfogTimeoutError", "NotInitializedError", *_OPS, *_WINDOW_OPS, "async_min_bytes", "comm_stats", "in_neighbor_ranks", "init",
     "is_homogeneous", "is_initialized", "jit", "load_machine_topology", "load_topology",
     "local_rank", "local_size", "machine_rank", "machine_size", "out_neighbor_ranks", "rank",
     "reset_clocks", "set_async_min_bytes", "set_machine_topology", "set_topology", "shutdown", "simulate",

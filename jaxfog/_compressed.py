@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxfog import _validate as V
 from jaxfog import compress as C
 from jaxfog import runtime
 from jaxfog import topology as T
@@ -162,9 +163,7 @@ def check_compressor(what: str, compressor: Any) -> C.Compressor:
 
 
 def check_gamma(what: str, gamma: Any) -> float:
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 < gamma <= 1:
-        raise ValueError(f"jaxfog.optax.{what}: gamma must be in (0, 1], got {gamma!r}")
-    return float(gamma)
+    return V.real(f"jaxfog.optax.{what}", "gamma", gamma, low=0.0, high=1.0, low_open=True)
 
 
 def resolve_groups(compressor: C.Compressor, tree: Tree, groups: Any) -> C.Groups:
@@ -322,7 +321,7 @@ class BeerState(NamedTuple):
     count: jax.Array
 
 
-def beer(learning_rate: float, *, compressor: C.Compressor, gamma: float,
+def beer(learning_rate: float | optax.Schedule, *, compressor: C.Compressor, gamma: float,
          topology: Any = None, groups: Any = None, seed: int = 0
          ) -> optax.GradientTransformationExtraArgs:
     r"""BEER: gradient tracking with compressed differences; exact with any contraction.
@@ -352,7 +351,7 @@ def beer(learning_rate: float, *, compressor: C.Compressor, gamma: float,
     one).
 
     Args:
-      learning_rate: the constant step size :math:`a`.
+      learning_rate: the step size :math:`a`: a number, or an optax schedule.
       compressor, gamma, topology, groups, seed: as for :func:`choco`.
 
     Returns:
@@ -366,6 +365,7 @@ def beer(learning_rate: float, *, compressor: C.Compressor, gamma: float,
     """
     check_compressor("beer", compressor)
     gamma = check_gamma("beer", gamma)
+    learning_rate = V.learning_rate("jaxfog.optax.beer", learning_rate)
     plan: dict[str, Any] = {}
 
     def init(params):
@@ -385,7 +385,8 @@ def beer(learning_rate: float, *, compressor: C.Compressor, gamma: float,
         v = [t + gamma * m + a - b for t, m, a, b in
              zip(state.tracker, mixing(state.public_v, weights), g, state.prev_grads)]
         x = C.merge(params, groups_)
-        x_new = [p + gamma * m - learning_rate * t for p, m, t in
+        lr = V.step_size(learning_rate, state.count)
+        x_new = [p + gamma * m - lr * t for p, m, t in
                  zip(x, mixing(state.public_x, weights), v)]
         key = step_key(state.key, state.count)
         mine_x = compress(compressor, x_new, state.public_x, key)

@@ -19,6 +19,7 @@ import os
 import warnings
 
 from jaxfog import ffi
+from jaxfog.errors import JaxfogError
 
 #: ``mpi`` forces host staging for GPU arrays; ``nccl`` makes a failure to set
 #: NCCL up an error instead of a fallback.
@@ -49,7 +50,7 @@ def requested() -> str:
 def choose(has_gpu: bool, nccl_built: bool, wanted: str) -> str | None:
     """The GPU transport to try: None without a GPU, else "nccl" or "mpi"."""
     if wanted == "nccl" and not nccl_built:
-        raise RuntimeError(f"{BACKEND_ENV}=nccl, but jaxfog was built without NCCL "
+        raise JaxfogError(f"{BACKEND_ENV}=nccl, but jaxfog was built without NCCL "
                            "(jaxfog info says why); rebuild with nvidia-nccl-cu13 installed")
     if not has_gpu:
         return None
@@ -95,7 +96,7 @@ def start_nccl(lib, comm, timeout: float, max_message: int):
             error = "NCCL failed on another rank"
         checks.Free()
     if requested() == "nccl":
-        raise RuntimeError(f"jaxfog.init: {BACKEND_ENV}=nccl, but NCCL is unusable: {error}")
+        raise JaxfogError(f"jaxfog.init: {BACKEND_ENV}=nccl, but NCCL is unusable: {error}")
     warnings.warn(f"jaxfog.init: NCCL is unusable ({error}); GPU arrays go through MPI "
                   "with host staging", RuntimeWarning, stacklevel=3)
     return None

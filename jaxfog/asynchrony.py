@@ -64,6 +64,8 @@ import optax
 from jax import lax
 
 from jaxfog import _context, runtime
+from jaxfog import _validate as V
+from jaxfog.errors import JaxfogTimeoutError
 from jaxfog import topology as T
 from jaxfog import optax as jf_optax
 from jaxfog.ops import _args, backends, barrier
@@ -97,6 +99,11 @@ class Trainer(NamedTuple):
     #: ``compile(state, grad_fn)``: compiles what ``step`` runs on MPI
     #: without running it (:func:`run`'s warm-up); nothing on simulated agents.
     compile: Callable[[Any, GradFn], None] = lambda state, grad_fn: None
+    #: ``finish(state) -> state``: collective, after the last step on every
+    #: agent: delivers what is still in flight (push-sum's mass in the
+    #: windows), so that ``params(state)`` is final; the state as it is for a
+    #: trainer that keeps nothing in flight.
+    finish: Callable[[Any], Any] = lambda state: state
 
 
 def _always(state: Any) -> bool:
@@ -105,6 +112,13 @@ def _always(state: Any) -> bool:
 
 def _nothing() -> None:
     return None
+
+
+def _settle(state: Any) -> Any:
+    """The finish of a trainer whose writes complete before its step returns:
+    a barrier, after which no agent's model changes."""
+    barrier()
+    return state
 
 
 def _simulated() -> bool:
@@ -124,7 +138,8 @@ class OptaxState(NamedTuple):
 
 
 def from_optax(optimizer: optax.GradientTransformation, *,
-               free: Callable[[], None] = _nothing, asynchronous: bool = False) -> Trainer:
+               free: Callable[[], None] = _nothing, asynchronous: bool = False,
+               finish: Callable[[Any], Any] = lambda state: state) -> Trainer:
     """A trainer of one optax transformation: ``g = grad_fn(x, k)``,
     ``x += update(g)``. Synchronous for jaxfog's neighbour and collective
     ops; pass ``asynchronous=True`` for window-based ones that never wait
@@ -151,14 +166,28 @@ def from_optax(optimizer: optax.GradientTransformation, *,
             compiled.lower(state, grad_fn).compile()
 
     return Trainer(init, step, lambda state: state.params, _always, free, asynchronous,
-                   compile_step)
+                   compile_step, finish)
 
 
 def push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.push_sum",
              topology: T.Topology | None = None) -> Trainer:
-    """Asynchronous push-sum / SGP: ``from_optax(jaxfog.optax.async_push_sum(...))``."""
+    """Asynchronous push-sum / SGP: ``from_optax(jaxfog.optax.async_push_sum(...))``.
+
+    ``finish(state)`` (collective, after every agent's last step) collects the
+    mass still in flight: then each agent's numerator and weight hold all of
+    it (their sums over the agents are the exact totals, ``allreduce`` gives
+    the exact average) and ``params`` is ``numerator / weight``."""
+
+    def finish(state):
+        barrier()  # every push has landed
+        opt = state.opt_state
+        x, p = W.win_update_then_collect((opt.numerator, opt.weight), name)
+        z = jax.tree.map(lambda v, w: (v / p.astype(v.dtype)).astype(jnp.result_type(w)), x,
+                         state.params)
+        return state._replace(params=z, opt_state=opt._replace(numerator=x, weight=p))
+
     return from_optax(jf_optax.async_push_sum(inner, name=name, topology=topology),
-                      free=lambda: W.win_free(name), asynchronous=True)
+                      free=lambda: W.win_free(name), asynchronous=True, finish=finish)
 
 
 # -- shared helpers -------------------------------------------------------------------------
@@ -371,7 +400,7 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
         compiled.clear()
         W.win_free(name)
 
-    return Trainer(init, step, params, _always, free, True, compile_step)
+    return Trainer(init, step, params, _always, free, True, compile_step, _settle)
 
 
 class HopState(NamedTuple):
@@ -418,10 +447,9 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
     ``win_update`` reads all of them). With :math:`s = 0`, :math:`b = 0`
     and no skipping it is synchronous diffusion (ATC).
     """
-    if staleness is not None and (not isinstance(staleness, int) or staleness < 0):
-        raise ValueError(f"hop: staleness must be None or an int >= 0, got {staleness!r}")
-    if not isinstance(backups, int) or backups < 0:
-        raise ValueError(f"hop: backups must be an int >= 0, got {backups!r}")
+    if staleness is not None:
+        staleness = V.integer("jaxfog.asynchrony.hop", "staleness", staleness, minimum=0)
+    backups = V.integer("jaxfog.asynchrony.hop", "backups", backups, minimum=0)
     models, counters = name + ".x", name + ".k"
     held: dict[str, Any] = {}
     compiled: dict[Any, Any] = {}
@@ -515,7 +543,8 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
         W.win_free(models)
         W.win_free(counters)
 
-    return Trainer(init, step, lambda state: state.params, ready, free, True, compile_step)
+    return Trainer(init, step, lambda state: state.params, ready, free, True, compile_step,
+                   _settle)
 
 
 def now() -> Any:
@@ -573,7 +602,7 @@ def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
             if now() >= until:
                 return state
             if limit and time.monotonic() - start > limit:
-                raise TimeoutError(f"rank {runtime.rank()}: not ready for iteration "
+                raise JaxfogTimeoutError(f"rank {runtime.rank()}: not ready for iteration "
                                    f"{int(state.iteration)} after {limit:.0f} s "
                                    "(JAXFOG_TIMEOUT): a neighbour stopped")
             time.sleep(poll)

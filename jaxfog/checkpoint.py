@@ -37,13 +37,14 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxfog import _validate as V
 from jaxfog import runtime
 
 
 def _processes() -> tuple[int, int, Any]:
     """(rank, number of processes, mpi4py comm or None)."""
     if runtime.is_initialized() and runtime.size() > 1:
-        return runtime.rank(), runtime.size(), runtime._require().comm
+        return runtime.rank(), runtime.size(), runtime.communicator()
     return 0, 1, None
 
 
@@ -176,9 +177,7 @@ def convert(source: str | os.PathLike, destination: str | os.PathLike, *, proces
 
     source, destination = os.path.abspath(os.fspath(source)), os.path.abspath(
         os.fspath(destination))
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-        raise ValueError(f"jaxfog.checkpoint.convert: processes must be a positive int, "
-                         f"got {processes!r}")
+    processes = V.integer("jaxfog.checkpoint.convert", "processes", processes, minimum=1)
     found = _layout(source)
     if (found == 1) == (processes == 1):
         raise ValueError(f"jaxfog.checkpoint.convert: {source} is for {found} process(es); "

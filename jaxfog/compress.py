@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxfog import _validate as V
 from jaxfog import runtime
 from jaxfog.ops import allreduce, neighbor_allgather
 
@@ -272,13 +273,11 @@ def qsgd(levels: int, *, unbiased: bool = True, bucket: int | None = None) -> Co
     4)`` bytes.
     ``qsgd(7)`` sends 4 bits per entry, ``qsgd(1)`` 2 bits (ternary).
     """
-    if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= 32767:
-        raise ValueError(f"jaxfog.compress.qsgd: levels must be an integer in [1, 32767], got "
-                         f"{levels!r}")
-    if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, int)
-                               or bucket < 1):
-        raise ValueError(f"jaxfog.compress.qsgd: bucket must be a positive integer or None, "
-                         f"got {bucket!r}")
+    levels = V.integer("jaxfog.compress.qsgd", "levels", levels, minimum=1)
+    if levels > 32767:
+        raise ValueError(f"jaxfog.compress.qsgd: levels must be in [1, 32767], got {levels}")
+    if bucket is not None:
+        bucket = V.integer("jaxfog.compress.qsgd", "bucket", bucket, minimum=1)
     s, bits = levels, _qsgd_bits(levels)
 
     def omega(d):
@@ -369,9 +368,7 @@ def low_rank(rank: int, *, vectors: Compressor | None = None) -> Compressor:
     ``vectors=identity()``). Not mergeable: :func:`compress_tree` keeps one
     group per leaf.
     """
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ValueError(f"jaxfog.compress.low_rank: rank must be a positive integer, got "
-                         f"{rank!r}")
+    rank = V.integer("jaxfog.compress.low_rank", "rank", rank, minimum=1)
 
     def matrix(x):
         return x.reshape(x.shape[0], -1)
@@ -627,9 +624,8 @@ def search(compressor: Compressor, tree: Tree, timer: Callable[[Groups], float] 
         return SearchResult(per_leaf(tree), ())
     if not 0 < alpha < 1:
         raise ValueError(f"jaxfog.compress.search: alpha must be in (0, 1), got {alpha!r}")
-    if max_groups is not None and (isinstance(max_groups, bool) or max_groups < 1):
-        raise ValueError(f"jaxfog.compress.search: max_groups must be a positive integer or "
-                         f"None, got {max_groups!r}")
+    if max_groups is not None:
+        max_groups = V.integer("jaxfog.compress.search", "max_groups", max_groups, minimum=1)
     signature = (_signature(compressor, tree), max_groups, alpha, timer)
     if cache and signature in _SEARCHES:
         return _SEARCHES[signature]

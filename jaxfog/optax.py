@@ -87,6 +87,7 @@ from jax import lax
 
 from jaxfog import _compressed as CG
 from jaxfog import compress as C
+from jaxfog import _validate as V
 from jaxfog import runtime
 from jaxfog import topology as T
 from jaxfog._compressed import BeerState, ChocoState, ErrorFeedbackState, PublicCopies
@@ -171,9 +172,6 @@ def _communicate(tree: Tree, topology: Any, count: jax.Array, communication: str
               "allreduce": allreduce_named,
               "hierarchical": lambda t: hierarchical_neighbor_allreduce(t, name=name),
               "none": lambda t: t}
-    if communication not in mixers:
-        raise ValueError(f"{name}: communication must be one of {sorted(mixers)}, got "
-                         f"{communication!r}")
     mix = mixers[communication]
     if global_every is None:
         return mix(tree)
@@ -181,10 +179,15 @@ def _communicate(tree: Tree, topology: Any, count: jax.Array, communication: str
     return lax.cond(count % global_every == 0, allreduce_named, mix, tree)
 
 
-def _check_global_every(global_every: int | None) -> None:
-    if global_every is not None and (isinstance(global_every, bool) or
-                                     not isinstance(global_every, int) or global_every < 1):
-        raise ValueError(f"global_every must be a positive integer, got {global_every!r}")
+_COMMUNICATIONS = ("neighbor", "allreduce", "hierarchical", "none")
+
+
+def _check_diffusion(what: str, communication: Any, global_every: Any) -> None:
+    """atc's and awc's options, checked when the transformation is made."""
+    what = f"jaxfog.optax.{what}"
+    V.choice(what, "communication", communication, _COMMUNICATIONS)
+    if global_every is not None:
+        V.integer(what, "global_every", global_every, minimum=1)
 
 
 # --- adapt-then-combine / adapt-with-combine -------------------------------
@@ -282,7 +285,7 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
       Practical for Optimization and Deep Learning*. arXiv:2111.04287, 2021,
       eq. (4)-(5) and Listing 4.
     """
-    _check_global_every(global_every)
+    _check_diffusion("atc", communication, global_every)
 
     def init(params):
         return DiffusionState(inner.init(params), jnp.zeros([], jnp.int32))
@@ -376,7 +379,7 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
       Practical for Optimization and Deep Learning*. arXiv:2111.04287, 2021,
       section V-A.
     """
-    _check_global_every(global_every)
+    _check_diffusion("awc", communication, global_every)
     if compressor is not None:
         if communication != "neighbor" or global_every is not None:
             raise ValueError("jaxfog.optax.awc: a compressor compresses neighbour "
@@ -516,7 +519,7 @@ class TrackingState(NamedTuple):
 
 
 @_mixes_parameters
-def gradient_tracking(learning_rate: float, *, topology: Any = None
+def gradient_tracking(learning_rate: float | optax.Schedule, *, topology: Any = None
                       ) -> optax.GradientTransformationExtraArgs:
     r"""Gradient tracking (DIGing) in adapt-then-combine form: exact at a constant step size.
 
@@ -541,8 +544,8 @@ def gradient_tracking(learning_rate: float, *, topology: Any = None
     :math:`y_i^k = \sum_j W_{ij} y_j^{k-1} + g_i^k - g_i^{k-1}`.
 
     Args:
-      learning_rate: the constant step size :math:`a` (a float; optax
-        schedules are not supported).
+      learning_rate: the step size :math:`a`: a number, or an optax schedule
+        (a function of the step count :math:`k`).
       topology: :math:`W`: a doubly stochastic
         :class:`~jaxfog.topology.Topology`, a :class:`~jaxfog.topology.Schedule`
         of them (entry ``k % period`` at step ``k``, for both exchanges) or
@@ -576,6 +579,7 @@ def gradient_tracking(learning_rate: float, *, topology: Any = None
       Multi-Agent Optimization Under Uncoordinated Constant Stepsizes*. IEEE
       Conference on Decision and Control (CDC), 2015.
     """
+    learning_rate = V.learning_rate("jaxfog.optax.gradient_tracking", learning_rate)
     def init(params):
         zeros = jax.tree.map(jnp.zeros_like, params)
         return TrackingState(zeros, zeros, jnp.zeros([], jnp.int32))
@@ -584,7 +588,8 @@ def gradient_tracking(learning_rate: float, *, topology: Any = None
         _need_params("gradient_tracking", params)
         y = _average(jax.tree.map(lambda y, g, h: y + g - h, state.tracker, grads,
                                   state.prev_grads), topology, state.count, "gradient_tracking")
-        x = _average(jax.tree.map(lambda p, t: p - learning_rate * t, params, y), topology,
+        lr = V.step_size(learning_rate, state.count)
+        x = _average(jax.tree.map(lambda p, t: p - lr * t, params, y), topology,
                      state.count, "gradient_tracking")
         return _sub(x, params), TrackingState(y, grads, state.count + 1)
 
@@ -602,7 +607,7 @@ class ExactDiffusionState(NamedTuple):
 
 
 @_mixes_parameters
-def exact_diffusion(learning_rate: float, *, topology: Any = None
+def exact_diffusion(learning_rate: float | optax.Schedule, *, topology: Any = None
                     ) -> optax.GradientTransformationExtraArgs:
     r"""Exact diffusion: diffusion with a bias correction, exact at a constant step size.
 
@@ -625,8 +630,8 @@ def exact_diffusion(learning_rate: float, *, topology: Any = None
     (:math:`\bar W \phi = (\phi + W \phi) / 2`).
 
     Args:
-      learning_rate: the constant step size :math:`a` (a float; optax
-        schedules are not supported).
+      learning_rate: the step size :math:`a`: a number, or an optax schedule
+        (a function of the step count :math:`k`).
       topology: :math:`W`, which the analysis assumes symmetric and doubly
         stochastic: a :class:`~jaxfog.topology.Topology`, a
         :class:`~jaxfog.topology.Schedule` (entry ``k % period`` at step
@@ -654,13 +659,15 @@ def exact_diffusion(learning_rate: float, *, topology: Any = None
       Practical for Optimization and Deep Learning*. arXiv:2111.04287, 2021,
       appendix A.
     """
+    learning_rate = V.learning_rate("jaxfog.optax.exact_diffusion", learning_rate)
     def init(params):
         return ExactDiffusionState(params, jnp.zeros([], jnp.int32))
 
     def update(grads, state, params=None, **extra):
         _need_params("exact_diffusion", params)
         first = state.count == 0
-        psi = jax.tree.map(lambda x, g: x - learning_rate * g, params, grads)
+        lr = V.step_size(learning_rate, state.count)
+        psi = jax.tree.map(lambda x, g: x - lr * g, params, grads)
         phi = jax.tree.map(lambda s, x, prev: s + x - jnp.where(first, x, prev), psi, params,
                            state.psi)
         mixed = _average(phi, topology, state.count, "exact_diffusion")
@@ -970,7 +977,7 @@ class PushDigingState(NamedTuple):
 
 
 @_mixes_parameters
-def push_diging(learning_rate: float, *, topology: Any = None
+def push_diging(learning_rate: float | optax.Schedule, *, topology: Any = None
                 ) -> optax.GradientTransformationExtraArgs:
     r"""Push-DIGing: gradient tracking with push-sum weights, for directed graphs.
 
@@ -998,8 +1005,8 @@ def push_diging(learning_rate: float, *, topology: Any = None
     one message).
 
     Args:
-      learning_rate: the constant step size :math:`a` (a float; optax
-        schedules are not supported).
+      learning_rate: the step size :math:`a`: a number, or an optax schedule
+        (a function of the step count :math:`k`).
       topology: as for :func:`push_sum`.
 
     Returns:
@@ -1027,6 +1034,7 @@ def push_diging(learning_rate: float, *, topology: Any = None
       Practical for Optimization and Deep Learning*. arXiv:2111.04287, 2021,
       appendix B.
     """
+    learning_rate = V.learning_rate("jaxfog.optax.push_diging", learning_rate)
     def init(params):
         zeros = jax.tree.map(jnp.zeros_like, params)
         return PushDigingState(params, _unit_weight(), zeros, zeros,
@@ -1037,7 +1045,8 @@ def push_diging(learning_rate: float, *, topology: Any = None
         push = _push_topology(topology)
         y = _average(jax.tree.map(lambda y, g, h: y + g - h, state.tracker, grads,
                                   state.prev_grads), push, state.count, "push_diging")
-        stepped = jax.tree.map(lambda u, t: u - learning_rate * t, state.numerator, y)
+        lr = V.step_size(learning_rate, state.count)
+        stepped = jax.tree.map(lambda u, t: u - lr * t, state.numerator, y)
         numerator, weight = _average((stepped, state.weight), push, state.count, "push_diging")
         x = jax.tree.map(lambda u: u / weight.astype(u.dtype), numerator)
         return _sub(x, params), PushDigingState(numerator, weight, y, grads, state.count + 1)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from jaxfog import _context, _gpu, ffi
+from jaxfog import _validate as V
 from jaxfog import topology as T
 
 if TYPE_CHECKING:  # annotations only: importing jaxfog does not import JAX
@@ -71,8 +72,14 @@ class NotInitializedError(RuntimeError):
 
 @dataclasses.dataclass
 class _State:
-    comm: Any  # mpi4py.MPI.Intracomm, duplicate of COMM_WORLD
+    comm: Any  # mpi4py.MPI.Intracomm, duplicate of COMM_WORLD: the C++ transport's
     comms: dict  # registered communicators by id (world, local, leaders)
+    # Another duplicate, for collectives issued from Python (set-up, checks,
+    # windows, checkpoints): MPI orders the collectives of one communicator only
+    # when every rank issues them in the same order, and an asynchronously
+    # dispatched step may be in a collective on the transport's from another
+    # thread while Python issues one.
+    python_comm: Any
     rank: int
     size: int
     local_rank: int
@@ -231,6 +238,8 @@ def init(topology: T.Topology | Any | None = None) -> None:
     comm = MPI.COMM_WORLD.Dup()
     comm.Set_name("jaxfog")
     comms = {WORLD_COMM_ID: comm}
+    python_comm = MPI.COMM_WORLD.Dup()
+    python_comm.Set_name("jaxfog.python")
     try:
         local_rank, local_size, machine_rank, machine_size, homogeneous = _machine_layout(comm)
         rank = comm.Get_rank()
@@ -254,10 +263,11 @@ def init(topology: T.Topology | Any | None = None) -> None:
             lib.jaxfog_keep_freed_memory(keep)
         ffi.start_timeline(rank)  # JAXFOG_TIMELINE
     except BaseException:
-        _release(lib, comms)
+        _release(lib, comms, python_comm)
         raise
     size = comm.Get_size()
-    _state = _State(comm=comm, comms=comms, rank=rank, size=size, local_rank=local_rank,
+    _state = _State(comm=comm, comms=comms, python_comm=python_comm, rank=rank, size=size,
+                    local_rank=local_rank,
                     local_size=local_size, machine_rank=machine_rank,
                     machine_size=machine_size, homogeneous=homogeneous, timeout=timeout,
                     gpu_backend=gpu_backend,
@@ -291,17 +301,17 @@ def shutdown() -> None:
         warnings.warn(f"jaxfog.shutdown: pending communication failed: {error}",
                       RuntimeWarning)
     state, _state = _state, None
-    _release(ffi.library(), state.comms)
+    _release(ffi.library(), state.comms, state.python_comm)
 
 
-def _release(lib, comms: dict) -> None:
+def _release(lib, comms: dict, python_comm) -> None:
     """Drops the C++ transports, then frees the communicators."""
     from mpi4py import MPI
 
     for comm_id in comms:
         lib.jaxfog_release_comm(comm_id)
     if not MPI.Is_finalized():
-        for comm in comms.values():
+        for comm in (*comms.values(), python_comm):
             comm.Free()
 
 
@@ -384,9 +394,8 @@ def set_async_min_bytes(min_bytes: int | None) -> None:
     comes from ``JAXFOG_ASYNC_MIN_BYTES`` (see ``ASYNC_MIN_BYTES_ENV``).
     """
     _require()
-    if min_bytes is not None and (not isinstance(min_bytes, (int, np.integer))
-                                  or isinstance(min_bytes, bool) or min_bytes < 0):
-        raise ValueError(f"min_bytes must be a non-negative integer or None, got {min_bytes!r}")
+    if min_bytes is not None:
+        min_bytes = V.integer("jaxfog.set_async_min_bytes", "min_bytes", min_bytes, minimum=0)
     ffi.library().jaxfog_set_async_min_bytes(-1 if min_bytes is None else int(min_bytes))
 
 
@@ -420,7 +429,7 @@ def size_mismatch(what: str, nodes: int, count: int, unit: str = "ranks") -> str
 def _check_same_everywhere(state: _State, topology: T.Topology, what: str) -> None:
     """Raises on every rank if ranks passed different topologies."""
     digest = hashlib.sha1(np.ascontiguousarray(topology.weights).tobytes()).hexdigest()
-    digests = state.comm.allgather(digest)
+    digests = state.python_comm.allgather(digest)
     differing = [r for r, d in enumerate(digests) if d != digests[0]]
     if differing:
         raise ValueError(
@@ -493,5 +502,10 @@ def load_machine_topology() -> T.Topology:
 
 
 def communicator():
-    """jaxfog's mpi4py communicator (a duplicate of ``COMM_WORLD``)."""
-    return _require().comm
+    """The mpi4py communicator for collectives issued from Python (a duplicate
+    of ``COMM_WORLD``). It is not the one the C++ transport uses: a step
+    dispatched asynchronously may be in a collective on that one, from
+    another thread, while Python runs one on this one, and MPI orders the
+    collectives of one communicator only when every rank issues them in the
+    same order."""
+    return _require().python_comm

@@ -33,9 +33,8 @@ def test_async_push_sum_mass_and_consensus_with_a_sleeping_rank():
     zero = lambda p, k: jnp.zeros_like(p)  # noqa: E731
     nap = (lambda s: time.sleep(0.003)) if r == 0 else None
     state = jfa.run(trainer, state, zero, 60, callback=nap)
-    jf.barrier()  # quiescent: every push has landed; collect it
-    opt = state.opt_state
-    x, p = jf.win_update_then_collect((opt.numerator, opt.weight), "jaxfog.push_sum")
+    state = trainer.finish(state)  # every push has landed and is collected
+    x, p = state.opt_state.numerator, state.opt_state.weight
     totals = np.asarray(jf.allreduce(jnp.concatenate([x, jnp.array([p])]), "sum"))
     np.testing.assert_allclose(totals[:-1] / totals[-1], mean, rtol=1e-12)
     np.testing.assert_allclose(totals[-1], n, rtol=1e-12)

@@ -146,10 +146,8 @@ def test_push_sum_mass_is_exact_once_the_messages_in_flight_land():
     def agent(x):
         state = trainer.init(x)
         state = jfa.run(trainer, state, lambda p, k: jnp.zeros_like(p), 200)
-        jf.barrier()  # past every arrival: the queues drain on the next read
-        opt = state.opt_state
-        x, p = jf.win_update_then_collect((opt.numerator, opt.weight), "jaxfog.push_sum")
-        return x, p, state.params
+        state = trainer.finish(state)  # past every arrival: what is in flight is collected
+        return state.opt_state.numerator, state.opt_state.weight, state.params
 
     x, p, z = jax.jit(jf.simulate(agent, topo, delays=delays))(x0)
     jf.simulate(lambda v: (jf.win_free(), v)[1], topo)(x0)

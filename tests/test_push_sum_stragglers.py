@@ -25,7 +25,6 @@ from mpi_harness import mpi_test
 from optax_cases import least_squares
 
 N = 4
-NAME = "jaxfog.push_sum"
 DTYPES = [jnp.float32, jnp.bfloat16]
 
 
@@ -41,10 +40,9 @@ def _run_simulated(dtype, delays, until, learn):
         grad_fn = lambda p, k: jax.grad(lambda q: loss(q.astype(jnp.float32), a, b))(p)  # noqa: E731
         state = jfa.run(trainer, state, grad_fn, 10**9, until=until)
         lowest = state.opt_state.weight
-        jf.barrier()  # past every arrival: the next collect drains what is in flight
+        state = trainer.finish(state)  # collects what is in flight
         opt = state.opt_state
-        x, p = jf.win_update_then_collect((opt.numerator, opt.weight), NAME)
-        return state.iteration, lowest, trainer.params(state), x, p
+        return state.iteration, lowest, trainer.params(state), opt.numerator, opt.weight
 
     x0 = jnp.asarray(np.random.default_rng(0).standard_normal((N, problem.A.shape[-1])), dtype)
     out = jax.jit(jf.simulate(agent, topo, delays=delays))(
@@ -101,19 +99,19 @@ def test_stragglers_on_mpi_processes():
     talk = MPI.COMM_WORLD.Dup()  # the fast ranks tell the slow one they are done
     zero = lambda p, k: jnp.zeros_like(p)  # noqa: E731
 
-    def drain_and_check(state, x0, what):
-        jf.barrier()  # quiescent: every push has landed
-        opt = state.opt_state
-        x, p = jf.win_update_then_collect((opt.numerator, opt.weight), NAME)
+    def drain_and_check(trainer, state, x0, what):
+        lowest = float(state.opt_state.weight)
+        state = trainer.finish(state)
+        x, p = state.opt_state.numerator, state.opt_state.weight
         assert np.isfinite(np.asarray(x, np.float64)).all(), (what, x)
-        assert float(opt.weight) >= jfo.min_push_weight([np.float32]) / 3, (what, opt.weight)
+        assert lowest >= jfo.min_push_weight([np.float32]) / 3, (what, lowest)
         totals = np.asarray(jf.allreduce(jnp.append(x, p), "sum"), np.float64)
         mean = np.mean([np.asarray(v, np.float64) for v in x0], 0)
         np.testing.assert_allclose(totals[-1], n, rtol=1e-5, err_msg=what)
         np.testing.assert_allclose(totals[:-1] / totals[-1], mean, rtol=1e-4, atol=1e-5,
                                    err_msg=what)
         jf.barrier()
-        return float(opt.weight)
+        return lowest
 
     for dtype in (jnp.float32, jnp.bfloat16):
         x0 = [jnp.asarray(np.random.default_rng(q).standard_normal(6) + q, dtype)
@@ -123,7 +121,7 @@ def test_stragglers_on_mpi_processes():
         state = trainer.init(x0[r])
         nap = (lambda s: time.sleep(0.1)) if r == slow else None
         state = jfa.run(trainer, state, zero, 3 if r == slow else 300, callback=nap)
-        drain_and_check(state, x0, f"{dtype.__name__}, 100x")
+        drain_and_check(trainer, state, x0, f"{dtype.__name__}, 100x")
         trainer.free()
         # A peer that collects only once the others have done 10,000 steps.
         trainer = jfa.push_sum(optax.sgd(0.0))
@@ -135,7 +133,7 @@ def test_stragglers_on_mpi_processes():
         else:
             state = jfa.run(trainer, state, zero, steps)
             talk.send(None, dest=slow)
-        weight = drain_and_check(state, x0, f"{dtype.__name__}, {steps} steps")
+        weight = drain_and_check(trainer, state, x0, f"{dtype.__name__}, {steps} steps")
         # Mass only flowed into the slow rank's slots: the fast ranks gave theirs
         # away, down to the floor (on this graph, whatever the timing).
         assert r == slow or weight < 1e-6, weight

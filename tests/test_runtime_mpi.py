@@ -162,3 +162,39 @@ def test_shutdown_and_reinit():
     jf.init()
     assert jf.load_topology() == T.exponential(2)
     jf.barrier()
+
+
+@mpi_test(nprocs=(2, 3, 5), timeout=180, env={"JAXFOG_ASYNC_MIN_BYTES": "0"})
+def test_python_collectives_never_share_a_communicator_with_dispatched_steps():
+    """Steps whose collectives run on the communication thread are dispatched
+    and not waited for; each Python-side collective follows at once."""
+    import jax
+    import jax.numpy as jnp
+    from mpi4py import MPI
+
+    import jaxfog as jf
+    import jaxfog.topology as T
+    from jaxfog import runtime
+
+    jf.init()
+    r, n = jf.rank(), jf.size()
+    python, transport = runtime.communicator(), runtime._require().comm
+    assert MPI.Comm.Compare(python, transport) == MPI.CONGRUENT  # another duplicate
+
+    @jf.jit
+    def step(x):  # an allreduce, a broadcast and an allgather on the transport's
+        return jf.allreduce(x, "sum"), jf.broadcast(x, root=n - 1), jf.allgather(x[:1])
+
+    x = jnp.full(1 << 14, float(r + 1))
+    results = []
+    graphs = [T.ring(n), T.exponential(n)]
+    for k in range(12):
+        results.append(step(x + k))                    # not waited for
+        assert jf.set_topology(graphs[k % 2])          # allgather of the digests
+        assert python.allgather(r + k) == [q + k for q in range(n)]
+        jf.win_create(jnp.zeros(3), "py", zero_init=True)  # allgather, Win_allocate, barrier
+        jf.win_free("py")
+    for k, (total, root, gathered) in enumerate(jax.block_until_ready(results)):
+        np.testing.assert_array_equal(total, np.full(1 << 14, n * (n + 1) / 2 + n * k))
+        np.testing.assert_array_equal(root, np.full(1 << 14, n + k))
+        np.testing.assert_array_equal(gathered, np.arange(1, n + 1) + k)

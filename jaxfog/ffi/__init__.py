@@ -19,6 +19,8 @@ import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from jaxfog.errors import JaxfogError
+
 #: Names another build of the FFI library to load instead of the installed one,
 #: e.g. one compiled against a second MPI (``tests/test_openmpi.py`` runs the MPI
 #: suites on Open MPI this way, beside the mpich wheel).
@@ -27,7 +29,7 @@ LIBRARY_PATH = (Path(os.environ[LIBRARY_ENV]).resolve() if os.environ.get(LIBRAR
                 else Path(__file__).resolve().parent / "libjaxfog_ffi.so")
 
 
-class FfiLibraryError(ImportError):
+class FfiLibraryError(JaxfogError, ImportError):
     """The FFI library is missing or does not match the MPI that mpi4py uses."""
 
 

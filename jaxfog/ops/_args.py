@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxfog import _validate as V
 from jaxfog import runtime
 from jaxfog import topology as T
 from jaxfog.ops import _plan
@@ -178,10 +179,10 @@ class Broadcast(NamedTuple):
 def broadcast(*, root: Any, name: str | None) -> Broadcast:
     what = _what("broadcast", name)
     size = runtime.size()
-    if isinstance(root, (bool, np.bool_)) or not isinstance(root, numbers.Integral) or not (
-            0 <= root < size):
-        raise ValueError(f"{what}: root must be a rank in [0, {size}), got {root!r}")
-    return Broadcast(int(root), what)
+    root = V.integer(what, "root", root, minimum=0)
+    if root >= size:
+        raise ValueError(f"{what}: root must be a rank in [0, {size}), got {root}")
+    return Broadcast(root, what)
 
 
 class Allgather(NamedTuple):

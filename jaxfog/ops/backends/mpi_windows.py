@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfog import ffi, runtime
+from jaxfog.errors import JaxfogError
 from jaxfog.ops import _args, _jax_compat, _plan, _primitive
 from jaxfog.ops import primitives as P
 from jaxfog.ops.backends import _numerics, _window_spec
@@ -75,7 +76,7 @@ def lookup(name: str, what: str) -> _Window:
 def _call(function, *args) -> None:
     error = ctypes.create_string_buffer(1024)
     if function(*args, error, 1024):
-        raise RuntimeError(f"jaxfog window: {error.value.decode()}")
+        raise JaxfogError(f"jaxfog window: {error.value.decode()}")
 
 
 def win_create(leaves: list, treedef: Any, args: _args.WinCreate) -> bool:

@@ -1,0 +1,96 @@
+"""One convention for bad arguments and failures, on every public entry point:
+TypeError for a wrong type, ValueError for a wrong value (checked when a
+transformation is made, where it can be), JaxfogError for runtime failures;
+learning rates take optax schedules wherever they take a float."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxfog as jf
+import jaxfog.asynchrony as jfa
+import jaxfog.compress as C
+import jaxfog.optax as jfo
+import jaxfog.topology as T
+from jaxfog.checkpoint import convert
+from optax_cases import least_squares
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: jf.broadcast(jnp.ones(2), root="a"), TypeError, "root must be an int"),
+    (lambda: jf.broadcast(jnp.ones(2), root=3), ValueError, r"root must be a rank in \[0, 1\)"),
+    (lambda: jf.set_async_min_bytes(1.5), TypeError, "min_bytes must be an int"),
+    (lambda: jf.set_async_min_bytes(-1), ValueError, "min_bytes must be >= 0"),
+    (lambda: C.low_rank(2.0), TypeError, "rank must be an int"),
+    (lambda: C.low_rank(0), ValueError, "rank must be >= 1"),
+    (lambda: C.qsgd("7"), TypeError, "levels must be an int"),
+    (lambda: C.qsgd(7, bucket=0), ValueError, "bucket must be >= 1"),
+    (lambda: jfo.choco(optax.sgd(0.1), compressor=C.sign(), gamma="1"), TypeError,
+     "gamma must be a number"),
+    (lambda: jfo.choco(optax.sgd(0.1), compressor=C.sign(), gamma=0.0), ValueError,
+     r"gamma must be in \(0.0, 1.0\]"),
+    (lambda: jfo.atc(optax.sgd(0.1), communication=1), TypeError, "communication must be a str"),
+    (lambda: jfo.atc(optax.sgd(0.1), communication="gossip"), ValueError,
+     r"jaxfog.optax.atc: communication must be one of \['neighbor'"),
+    (lambda: jfo.awc(optax.sgd(0.1), global_every=0), ValueError, "global_every must be >= 1"),
+    (lambda: jfo.atc(optax.sgd(0.1), global_every=2.0), TypeError, "global_every must be an int"),
+    (lambda: jfo.gradient_tracking("0.1"), TypeError, "learning_rate must be a number or an optax"),
+    (lambda: jfo.exact_diffusion(-0.1), ValueError, "learning_rate must be in"),
+    (lambda: jfa.hop(optax.sgd(0.1), backups=1.5), TypeError, "backups must be an int"),
+    (lambda: jfa.hop(optax.sgd(0.1), staleness=-1), ValueError, "staleness must be >= 0"),
+    (lambda: convert("a", "b", processes="4", like=None), TypeError, "processes must be an int"),
+])
+def test_wrong_types_and_wrong_values(call, error, match):
+    jf.init()
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_runtime_failures_share_one_base():
+    from jaxfog.ffi import FfiLibraryError
+
+    assert issubclass(jf.JaxfogTimeoutError, jf.JaxfogError)
+    assert issubclass(jf.JaxfogTimeoutError, TimeoutError)
+    assert issubclass(FfiLibraryError, jf.JaxfogError) and issubclass(FfiLibraryError,
+                                                                      ImportError)
+
+
+@pytest.mark.parametrize("make", [
+    lambda lr: jfo.gradient_tracking(lr), lambda lr: jfo.exact_diffusion(lr),
+    lambda lr: jfo.push_diging(lr),
+    lambda lr: jfo.beer(lr, compressor=C.identity(), gamma=1.0)],
+    ids=["gradient_tracking", "exact_diffusion", "push_diging", "beer"])
+def test_learning_rates_take_optax_schedules(make):
+    """A schedule gives the iterates of the constant step it takes at each step:
+    here a piecewise-constant one, against two runs stitched together."""
+    problem, topo = least_squares(4), T.exponential(4)
+    loss = problem.loss(4)
+    a = 0.3 / problem.lipschitz
+    schedule = optax.piecewise_constant_schedule(a, {5: 0.5})
+
+    def run(lr, steps, state=None):
+        tx = make(lr)
+
+        def agent(x, state, A, B):
+            state = tx.init(x) if state is None else state
+            for _ in range(steps):
+                updates, state = tx.update(jax.grad(loss)(x, A, B), state, x)
+                x = optax.apply_updates(x, updates)
+            return x, state
+
+        x0 = jnp.zeros((4, problem.A.shape[-1])) if state is None else state[0]
+        return jax.jit(jf.simulate(agent, topo, in_axes=(0, None if state is None else 0,
+                                                         0, 0)))(
+            x0, None if state is None else state[1], jnp.asarray(problem.A),
+            jnp.asarray(problem.B))
+
+    with jax.enable_x64(True):
+        scheduled, _ = run(schedule, 8)
+        first = run(a, 5)
+        # The state carries the step count: continue with the halved constant step.
+        second, _ = run(0.5 * a, 3, first)
+        np.testing.assert_allclose(scheduled, second, rtol=1e-10, atol=1e-12)
