@@ -115,8 +115,7 @@ class Compressor(NamedTuple):
 
 
 def _check_ratio(what: str, ratio: Any) -> float:
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
-        raise ValueError(f"jaxfog.compress.{what}: ratio must be in (0, 1], got {ratio!r}")
+    return V.real(f"jaxfog.compress.{what}", "ratio", ratio, low=0.0, high=1.0, low_open=True)
     return float(ratio)
 
 

@@ -144,21 +144,27 @@ def test_low_rank_warm_start_converges_to_the_best_approximation():
 
 
 def test_bad_input_is_a_clear_error():
-    for ratio in (0, -0.1, 1.5, True, "0.1"):
-        with pytest.raises(ValueError, match=r"ratio must be in \(0, 1\]"):
-            C.top_k(ratio)
-        with pytest.raises(ValueError, match=r"ratio must be in \(0, 1\]"):
-            C.rand_k(ratio)
-    for levels in (0, -3, 1.5, 40000):
-        with pytest.raises(ValueError, match="levels must be an integer"):
+    for make in (C.top_k, C.rand_k):  # a wrong type is a TypeError, a wrong value a ValueError
+        for ratio in (0, -0.1, 1.5):
+            with pytest.raises(ValueError, match=r"ratio must be in \(0.0, 1.0\]"):
+                make(ratio)
+        for ratio in (True, "0.1"):
+            with pytest.raises(TypeError, match="ratio must be a number"):
+                make(ratio)
+    for levels in (0, -3):
+        with pytest.raises(ValueError, match="levels must be >= 1"):
             C.qsgd(levels)
-    with pytest.raises(ValueError, match="bucket must be a positive integer"):
+    with pytest.raises(ValueError, match=r"levels must be in \[1, 32767\]"):
+        C.qsgd(40000)
+    with pytest.raises(TypeError, match="levels must be an int"):
+        C.qsgd(1.5)
+    with pytest.raises(ValueError, match="bucket must be >= 1"):
         C.qsgd(7, bucket=0)
-    with pytest.raises(ValueError, match="max_groups must be a positive integer"):
+    with pytest.raises(ValueError, match="max_groups must be >= 1"):
         C.search(C.sign(), [jnp.ones(3)], lambda g: 1.0, max_groups=0)
     with pytest.raises(ValueError, match="no leaves"):
         C.balanced({}, 1)
-    with pytest.raises(ValueError, match="rank must be a positive integer"):
+    with pytest.raises(ValueError, match="rank must be >= 1"):
         C.low_rank(0)
     with pytest.raises(TypeError, match="real floating"):
         C.top_k(0.5).compress(jnp.arange(4), jax.random.PRNGKey(0))

@@ -138,11 +138,14 @@ def test_compressed_awc_keeps_the_average_and_trains():
 
 
 def test_compressed_optimizers_refuse_bad_arguments():
-    for gamma in (0, 1.5, -1, True):
+    for gamma, error, match in [(0, ValueError, r"gamma must be in \(0.0, 1.0\]"),
+                                (1.5, ValueError, r"gamma must be in \(0.0, 1.0\]"),
+                                (-1, ValueError, r"gamma must be in \(0.0, 1.0\]"),
+                                (True, TypeError, "gamma must be a number")]:
         for make in (jfo.choco, lambda *a, **k: jfo.awc(*a, **k)):
-            with pytest.raises(ValueError, match=r"gamma must be in \(0, 1\]"):
+            with pytest.raises(error, match=match):
                 make(optax.sgd(0.1), compressor=C.sign(), gamma=gamma)
-        with pytest.raises(ValueError, match=r"gamma must be in \(0, 1\]"):
+        with pytest.raises(error, match=match):
             jfo.beer(0.1, compressor=C.sign(), gamma=gamma)
     with pytest.raises(TypeError, match="must be a jaxfog.compress Compressor"):
         jfo.choco(optax.sgd(0.1), compressor="top_k", gamma=0.5)
