@@ -82,8 +82,10 @@ def test_async_threshold_can_change_between_ops(fresh):
         jf.set_async_min_bytes(threshold)
         assert jf.async_min_bytes() == threshold
         np.testing.assert_array_equal(total(x), x)
-    for bad in (-1, 1.5, "64k", True):
-        with pytest.raises(ValueError, match="non-negative integer or None"):
+    with pytest.raises(ValueError, match="min_bytes must be >= 0"):
+        jf.set_async_min_bytes(-1)
+    for bad in (1.5, "64k", True):
+        with pytest.raises(TypeError, match="min_bytes must be an int"):
             jf.set_async_min_bytes(bad)
 
 
