@@ -197,11 +197,11 @@ def _mix32(x, u32=np.uint32):
 def pick(seed: int, rank: Any, iteration: Any, count: Any) -> Any:
     """A neighbour index in ``[0, count)``, a hash of (seed, rank, iteration):
     the same on MPI (numpy) and in the simulation (traced), so the runs agree."""
-    if isinstance(rank, (int, np.integer)) and isinstance(iteration, (int, np.integer)):
+    if not any(isinstance(v, jax.core.Tracer) for v in (rank, iteration, count)):
         with np.errstate(over="ignore"):
             x = np.uint32(seed) * np.uint32(0x9E3779B1) ^ _mix32(
-                np.uint32(rank) * np.uint32(0x85EBCA77) ^ _mix32(np.uint32(iteration)))
-            return int(_mix32(np.uint32(x)) % np.uint32(count))
+                np.uint32(int(rank)) * np.uint32(0x85EBCA77) ^ _mix32(np.uint32(int(iteration))))
+            return int(_mix32(np.uint32(x)) % np.uint32(int(count)))
     u32 = jnp.uint32
     x = u32(seed) * u32(0x9E3779B1) ^ _mix32(
         jnp.asarray(rank).astype(u32) * u32(0x85EBCA77) ^ _mix32(
@@ -275,9 +275,8 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
         return ADPSGDState(inner.init(params), jnp.zeros([], jnp.int32))
 
     def peer(iteration):
-        r = runtime.rank()
-        row, count = jnp.asarray(held["table"])[r], jnp.asarray(held["count"])[r]
-        return row[pick(seed, r, iteration, count)]
+        row = agent.rank_row(held["table"])  # numpy where the rank is concrete
+        return row[pick(seed, runtime.rank(), iteration, agent.rank_row(held["count"]))]
 
     def local(x, opt_state, iteration, grad_fn):
         grads = grad_fn(x, iteration)
@@ -304,7 +303,7 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
         local_step.reset()
         W.win_free(name)
 
-    return Trainer(init, step, params, _always, True, compile_step, _settle)
+    return Trainer(init, step, params, _always, free, True, compile_step, _settle)
 
 
 class HopState(NamedTuple):

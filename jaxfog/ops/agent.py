@@ -25,6 +25,12 @@ from jaxfog.ops import _args, backends
 from jaxfog.ops.jit import jit
 
 
+def rank_row(table: Any) -> Any:
+    """This agent's row of a rank-indexed table: numpy where the rank is
+    concrete (no computation to compile), else traced."""
+    return _args.rank_row(table)
+
+
 def now() -> Any:
     """Seconds on this agent's clock."""
     return backends.current().now()
