@@ -121,8 +121,7 @@ def test_stragglers_on_mpi_processes():
         state = trainer.init(x0[r])
         nap = (lambda s: time.sleep(0.1)) if r == slow else None
         state = jfa.run(trainer, state, zero, 3 if r == slow else 300, callback=nap)
-        weight = drain_and_check(trainer, state, x0, f"{dtype.__name__}, 100x")
-        assert r == slow or weight < 1e-6, weight  # the fast ranks gave their mass away
+        drain_and_check(trainer, state, x0, f"{dtype.__name__}, 100x")
         trainer.free()
         # A peer that collects only once the others have done 10,000 steps.
         trainer = jfa.push_sum(optax.sgd(0.0))
@@ -134,6 +133,9 @@ def test_stragglers_on_mpi_processes():
         else:
             state = jfa.run(trainer, state, zero, steps)
             talk.send(None, dest=slow)
-        drain_and_check(trainer, state, x0, f"{dtype.__name__}, {steps} steps")
+        weight = drain_and_check(trainer, state, x0, f"{dtype.__name__}, {steps} steps")
+        # Mass only flowed into the slow rank's slots: the fast ranks gave theirs
+        # away, down to the floor (on this graph, whatever the timing).
+        assert r == slow or weight < 1e-6, weight
         trainer.free()
     talk.Free()
