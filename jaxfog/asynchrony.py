@@ -258,7 +258,7 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
     On MPI each iteration is four short jitted calls (read, local step,
     average, add). In the simulation the averages of the agents that step
     together are applied one after another in rank order
-    (:mod:`jaxfog.ops.agent` holds what differs).
+    (``jaxfog.ops.agent`` holds what differs).
     """
 
     held: dict[str, Any] = {}

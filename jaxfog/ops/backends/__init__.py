@@ -7,7 +7,7 @@ primitives). A backend has one method per op, taking the op's flat leaves and
 its resolved arguments (:mod:`jaxfog.ops._args`) and returning the result
 leaves; :class:`Backend` lists them, with what an agent's training loop
 needs (its clock, compiled steps, the loop, AD-PSGD's shared models:
-:mod:`jaxfog.ops.agent`). A new backend implements them; no module above
+``jaxfog.ops.agent``). A new backend implements them; no module above
 ``jaxfog.ops`` asks which backend it runs on.
 """
 
