@@ -68,37 +68,29 @@ def links(topology: Any) -> Links:
                  weights)
 
 
-def _on_mpi() -> bool:
-    return isinstance(runtime.rank(), (int, np.integer))
-
-
 def degree(links: Links) -> int:
-    """How many neighbour copies this agent keeps (padded on simulated agents)."""
-    return len(links.sources[runtime.rank()]) if _on_mpi() else links.weights.shape[2]
+    """How many neighbour copies every agent keeps (the largest in-degree;
+    an agent with fewer pads with copies of itself, weight 0)."""
+    return links.weights.shape[2]
 
 
 def row(links: Links, count: jax.Array) -> jax.Array:
     """This agent's weights for its copies at step ``count``."""
     table = links.weights
-    if _on_mpi():
-        r = runtime.rank()
-        mine = table[:, r, :len(links.sources[r])]
-        return jnp.asarray(mine)[count % table.shape[0]]
     return jnp.asarray(table)[count % table.shape[0], runtime.rank()]
+
+
+def sources_table(links: Links) -> np.ndarray:
+    """Rank-indexed (n, k) table: row i lists agent i's sources, padded with i."""
+    k = links.weights.shape[2]
+    return np.array([s + [i] * (k - len(s)) for i, s in enumerate(links.sources)],
+                    dtype=np.int32)
 
 
 def exchange(links: Links, payloads: Sequence[C.Payload]) -> list[C.Payload]:
     """The in-neighbours' payloads, each batched on a leading axis (one
-    message per peer for all groups)."""
-    if _on_mpi():
-        r = runtime.rank()
-        got = neighbor_allgather(list(payloads), src_ranks=links.sources[r],
-                                 dst_ranks=links.dests[r])
-    else:
-        k = links.weights.shape[2]
-        padded = np.array([s + [i] * (k - len(s)) for i, s in enumerate(links.sources)],
-                          dtype=np.int32)
-        got = neighbor_allgather(list(payloads), src_ranks=padded)
+    message per peer for all groups; padding entries are the agent's own)."""
+    got = neighbor_allgather(list(payloads), src_ranks=sources_table(links))
     return [C.unstack(g, p) for g, p in zip(got, payloads)]
 
 

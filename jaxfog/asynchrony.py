@@ -54,7 +54,6 @@ References:
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -63,16 +62,12 @@ import numpy as np
 import optax
 from jax import lax
 
-from jaxfog import _context, runtime
 from jaxfog import _validate as V
-from jaxfog.errors import JaxfogTimeoutError
-from jaxfog import topology as T
 from jaxfog import optax as jf_optax
-from jaxfog.ops import _args, backends, barrier
-from jaxfog.ops.backends import simulated_clock as sc
-from jaxfog.ops.backends import simulated_windows as sw
+from jaxfog import runtime
+from jaxfog import topology as T
+from jaxfog.ops import agent, barrier
 from jaxfog.ops import window as W
-from jaxfog.ops.jit import jit
 
 Tree = Any
 GradFn = Callable[[Tree, jax.Array], Tree]
@@ -121,10 +116,6 @@ def _settle(state: Any) -> Any:
     return state
 
 
-def _simulated() -> bool:
-    return _context.current() is not None
-
-
 # -- synchronous (and async push-sum): an optax transformation ----------------------------
 
 
@@ -156,17 +147,9 @@ def from_optax(optimizer: optax.GradientTransformation, *,
         return OptaxState(optax.apply_updates(state.params, updates), opt_state,
                           state.iteration + 1)
 
-    compiled = jit(local, static_argnums=1)
-
-    def step(state, grad_fn):
-        return local(state, grad_fn) if _simulated() else compiled(state, grad_fn)
-
-    def compile_step(state, grad_fn):
-        if not _simulated():
-            compiled.lower(state, grad_fn).compile()
-
+    step = agent.StepFunction(local, static_argnums=1)
     return Trainer(init, step, lambda state: state.params, _always, free, asynchronous,
-                   compile_step, finish)
+                   step.compile, finish)
 
 
 def push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.push_sum",
@@ -214,11 +197,11 @@ def _mix32(x, u32=np.uint32):
 def pick(seed: int, rank: Any, iteration: Any, count: Any) -> Any:
     """A neighbour index in ``[0, count)``, a hash of (seed, rank, iteration):
     the same on MPI (numpy) and in the simulation (traced), so the runs agree."""
-    if isinstance(rank, (int, np.integer)) and isinstance(iteration, (int, np.integer)):
+    if not any(isinstance(v, jax.core.Tracer) for v in (rank, iteration, count)):
         with np.errstate(over="ignore"):
             x = np.uint32(seed) * np.uint32(0x9E3779B1) ^ _mix32(
-                np.uint32(rank) * np.uint32(0x85EBCA77) ^ _mix32(np.uint32(iteration)))
-            return int(_mix32(np.uint32(x)) % np.uint32(count))
+                np.uint32(int(rank)) * np.uint32(0x85EBCA77) ^ _mix32(np.uint32(int(iteration))))
+            return int(_mix32(np.uint32(x)) % np.uint32(int(count)))
     u32 = jnp.uint32
     x = u32(seed) * u32(0x9E3779B1) ^ _mix32(
         jnp.asarray(rank).astype(u32) * u32(0x85EBCA77) ^ _mix32(
@@ -242,41 +225,6 @@ def _neighbors(graph: T.Topology) -> tuple[np.ndarray, np.ndarray]:
 
 def _zeros(template: Tree) -> Tree:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), template)
-
-
-def _accumulate_values(x: Tree, name: str, dst: dict[int, float], require_mutex: bool) -> None:
-    """Adds ``w * x`` onto each destination's published value (MPI; internal)."""
-    args = _args.WinPut(name, None, _peers(dst), require_mutex, True, "adpsgd",
-                        into_values=True)
-    leaves, treedef = _args.leaves(args.what, x)
-    backends.current().win_put(leaves, treedef, args)
-
-
-def _peers(weights: dict[int, float]) -> _args.Peers:
-    mask, row = np.zeros(runtime.size(), bool), np.zeros(runtime.size())
-    for j, w in weights.items():
-        mask[j], row[j] = True, w
-    return _args.Peers(mask, row)
-
-
-def _get_own(name: str, weights: dict[int, float]) -> None:
-    """``win_get`` that may name this rank itself (MPI; its own slot)."""
-    backends.current().win_get(_args.WinGet(name, _peers(weights), False, "adpsgd"))
-
-
-def _combine(x: Tree, name: str, self_weight: float, weights: dict[int, float]) -> Tree:
-    """``win_update`` that may read this rank's own slot (MPI)."""
-    leaves, treedef = _args.leaves("adpsgd", x)
-    args = _args.WinUpdate(name, self_weight, _peers(weights), False, False, False, "adpsgd")
-    return jax.tree.unflatten(treedef, backends.current().win_update(leaves, treedef, args))
-
-
-def _create(params: Tree, name: str, src_ranks: Any = None, *, self_slot: bool = False,
-            zero_init: bool = False) -> None:
-    args = _args.win_create(name=name, zero_init=zero_init, with_weight=False,
-                            src_ranks=src_ranks)
-    leaves, treedef = _args.leaves(args.what, params)
-    backends.current().win_create(leaves, treedef, args._replace(self_slot=self_slot))
 
 
 class ADPSGDState(NamedTuple):
@@ -309,95 +257,50 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
 
     On MPI each iteration is four short jitted calls (read, local step,
     average, add). In the simulation the averages of the agents that step
-    together are applied one after another in rank order.
+    together are applied one after another in rank order
+    (``jaxfog.ops.agent`` holds what differs).
     """
 
-    state_template: dict[str, Any] = {}
-    compiled: dict[Any, Any] = {}
+    held: dict[str, Any] = {}
 
     def init(params):
         graph = _graph(topology, "adpsgd")
         table, count = _neighbors(graph)
-        state_template.update(graph=graph, table=table, count=count, shape=jax.tree.map(
+        held.update(table=table, count=count, shape=jax.tree.map(
             lambda v: jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)), params))
-        if _simulated():
-            W.win_create(params, name)
-        else:
-            r = runtime.rank()
-            _create(params, name, [*table[r, :count[r]], r], self_slot=True)
+        linked = np.zeros((graph.size,) * 2, bool)
+        for i in range(graph.size):
+            linked[i, table[i, :count[i]]] = True
+        agent.value_create(params, name, linked)
         return ADPSGDState(inner.init(params), jnp.zeros([], jnp.int32))
 
     def peer(iteration):
-        table, count = state_template["table"], state_template["count"]
-        r = runtime.rank()
-        return jf_optax._rank_row(table)[pick(seed, r, iteration, jf_optax._rank_row(count))]
-
-    def read_mpi():
-        r = runtime.rank()
-        _get_own(name, {r: 1.0})
-        return _combine(_zeros(state_template["shape"]), name, 0.0, {r: 1.0})
-
-    def average_mpi(j):
-        r = runtime.rank()
-        _get_own(name, {r: 1.0, j: 1.0})
-        mine = _combine(_zeros(state_template["shape"]), name, 0.0, {r: 1.0})
-        mean = _combine(mine, name, 0.5, {j: 0.5})
-        _accumulate_values(jax.tree.map(jnp.subtract, mine, mean), name, {j: 1.0}, False)
-        return mean
+        row = agent.rank_row(held["table"])  # numpy where the rank is concrete
+        return row[pick(seed, runtime.rank(), iteration, agent.rank_row(held["count"]))]
 
     def local(x, opt_state, iteration, grad_fn):
         grads = grad_fn(x, iteration)
         return (*inner.update(grads, opt_state, x), iteration + 1)
 
+    local_step = agent.StepFunction(local, static_argnums=3)
+
     def step(state, grad_fn):
-        if _simulated():
-            x = sw.read_value(name)
-            u, opt_state, iteration = local(x, state.opt_state, state.iteration, grad_fn)
-            sw.pair_average(name, peer(state.iteration))
-            sw.add_to_value(name, u)
-            return ADPSGDState(opt_state, iteration)
-        jitted()
-        r = runtime.rank()
-        it = int(state.iteration)
-        with W.win_mutex(name, [r]):
-            x = compiled["read"]()
-        u, opt_state, iteration = compiled["local"](x, state.opt_state, state.iteration,
-                                                    grad_fn)
-        j = int(peer(it))
-        with W.win_mutex(name, [r, j]):
-            compiled["average"](j)
-        compiled["add"](u)
+        x = agent.value_read(name)
+        u, opt_state, iteration = local_step(x, state.opt_state, state.iteration, grad_fn)
+        agent.pair_average(name, peer(state.iteration))
+        agent.value_add(name, u)
         return ADPSGDState(opt_state, iteration)
 
-    def jitted():
-        if "local" not in compiled:
-            compiled.update(read=jit(read_mpi), average=jit(average_mpi, static_argnums=0),
-                            add=jit(lambda u: _accumulate_values(
-                                u, name, {runtime.rank(): 1.0}, True)),
-                            local=jit(local, static_argnums=3))
-        return compiled
-
     def params(state):
-        if _simulated():
-            return sw.read_value(name)
-        with W.win_mutex(name, [runtime.rank()]):
-            return jitted()["read"]()
+        return agent.value_read(name)
 
     def compile_step(state, grad_fn):
-        if _simulated():
-            return
-        pieces, r = jitted(), runtime.rank()
-        x = _zeros(state_template["shape"])
-        pieces["read"].lower().compile()
-        pieces["local"].lower(x, state.opt_state, state.iteration, grad_fn).compile()
-        pieces["add"].lower(x).compile()
-        for j in state_template["table"][r, :state_template["count"][r]]:  # every peer
-            pieces["average"].lower(int(j)).compile()
-        with W.win_mutex(name, [r]):  # and the mutex's own small computations
-            pass
+        x = _zeros(held["shape"])
+        local_step.compile(x, state.opt_state, state.iteration, grad_fn)
+        agent.value_compile(name)
 
     def free():
-        compiled.clear()
+        local_step.reset()
         W.win_free(name)
 
     return Trainer(init, step, params, _always, free, True, compile_step, _settle)
@@ -452,7 +355,6 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
     backups = V.integer("jaxfog.asynchrony.hop", "backups", backups, minimum=0)
     models, counters = name + ".x", name + ".k"
     held: dict[str, Any] = {}
-    compiled: dict[Any, Any] = {}
 
     def init(params):
         graph = _graph(topology, "hop")
@@ -461,51 +363,58 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
         if (backups >= ins.sum(axis=1)).any():
             raise ValueError(f"hop: backups={backups} must be below every rank's in-degree "
                              f"(smallest {ins.sum(axis=1).min()})")
-        held.update(graph=graph, ins=ins, n=n)
+        # reads[m]: a one-hot table naming each agent's m-th in-neighbour.
+        k = ins.sum(axis=1).max()
+        reads = np.zeros((k, n, n))
+        for i in range(n):
+            for m, j in enumerate(np.flatnonzero(ins[i])):
+                reads[m, i, j] = 1.0
+        held.update(graph=graph, ins=ins, n=n, reads=reads)
         W.win_create(params, models)
         W.win_create(jnp.zeros(n, jnp.int32), counters, zero_init=True)
         # The neighbours' slots start with this agent's own model: send it once.
         W.win_put(params, models)
-        if not _simulated():
-            barrier()
+        agent.settle()
         return HopState(params, params, inner.init(params), jnp.zeros([], jnp.int32),
                         jnp.zeros(held["n"], jnp.int32))
 
     def read_counters():
         return W.win_update(jnp.zeros(held["n"], jnp.int32), counters, self_weight=0.0,
-                            src_weights=jf_optax._rank_row(held["ins"].astype(np.float64)))
+                            src_weights=held["ins"].astype(np.float64))
+
+    def mine(table):  # this agent's row of a rank-indexed table
+        return jnp.asarray(table)[runtime.rank()]
 
     def admissible(seen, k):
-        ins = jf_optax._rank_row(held["ins"])
+        ins = mine(held["ins"])
         fresh = ins & (seen >= k)
         ok = jnp.sum(fresh) >= jnp.sum(ins) - backups
         if staleness is not None:
             ok = ok & jnp.all(jnp.where(ins, seen >= k - staleness, True))
         return ok, fresh
 
+    ready_step = agent.StepFunction(lambda k: admissible(read_counters(), k)[0])
+
     def ready(state):
-        if _simulated():
-            return admissible(read_counters(), state.iteration)[0]
-        return bool(jitted()["ready"](state.iteration))
+        return ready_step(state.iteration)
 
     def weights(fresh):
         w = held["graph"].weights
-        self_w = jf_optax._rank_row(np.diag(w).copy())
-        row = jnp.where(fresh, jf_optax._rank_row(w * ~np.eye(held["n"], dtype=bool)), 0.0)
+        self_w = mine(np.diag(w).copy())
+        row = jnp.where(fresh, mine(w * ~np.eye(held["n"], dtype=bool)), 0.0)
         total = self_w + row.sum()
         return self_w / total, row / total
 
     def combine(sent, fresh):
-        """The fresh in-neighbours' models mixed with this agent's."""
+        """The fresh in-neighbours' models mixed with this agent's: each
+        in-neighbour's slot read alone (static ranks: one compiled step for
+        every set of fresh neighbours), mixed with the traced weights here."""
         self_w, row = weights(fresh)
-        if _simulated():  # one update with traced weights
-            return W.win_update(sent, models, self_weight=self_w, src_weights=row)
-        # MPI weights are static: read each in-neighbour's slot alone (one
-        # compiled step for every set of fresh neighbours) and mix here.
         x = jax.tree.map(lambda v: v * self_w.astype(v.dtype), sent)
-        for j in np.flatnonzero(held["ins"][runtime.rank()]):
-            y = W.win_update(_zeros(sent), models, self_weight=0.0, src_weights={int(j): 1.0})
-            x = jax.tree.map(lambda a, b: a + b * row[j].astype(b.dtype), x, y)
+        for m, reads in enumerate(held["reads"]):  # the m-th in-neighbour (if any)
+            y = W.win_update(_zeros(sent), models, self_weight=0.0, src_weights=reads)
+            w = jnp.dot(mine(reads), row)
+            x = jax.tree.map(lambda a, b: a + b * w.astype(b.dtype), x, y)
         return x
 
     def local(state, grad_fn):
@@ -516,30 +425,21 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
         y = optax.apply_updates(x, u)
         k = state.iteration + 1
         if skip:
-            newest = jnp.max(jnp.where(jf_optax._rank_row(held["ins"]), seen, 0))
+            newest = jnp.max(jnp.where(mine(held["ins"]), seen, 0))
             k = jnp.maximum(k, newest.astype(k.dtype))
         W.win_put(y, models)
         W.win_put(jnp.zeros(held["n"], jnp.int32).at[runtime.rank()].set(k), counters)
         return HopState(x, y, opt_state, k, seen.astype(jnp.int32))
 
-    def jitted():
-        if "local" not in compiled:
-            compiled.update(ready=jit(lambda k: admissible(read_counters(), k)[0]),
-                            local=jit(local, static_argnums=1))
-        return compiled
-
-    def step(state, grad_fn):
-        if _simulated():
-            return local(state, grad_fn)
-        return jitted()["local"](state, grad_fn)
+    step = agent.StepFunction(local, static_argnums=1)
 
     def compile_step(state, grad_fn):
-        if not _simulated():
-            jitted()["ready"].lower(state.iteration).compile()
-            jitted()["local"].lower(state, grad_fn).compile()
+        ready_step.compile(state.iteration)
+        step.compile(state, grad_fn)
 
     def free():
-        compiled.clear()
+        ready_step.reset()
+        step.reset()
         W.win_free(models)
         W.win_free(counters)
 
@@ -550,7 +450,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
 def now() -> Any:
     """Seconds on this agent's clock: its simulated time under
     ``simulate(delays=...)`` (0 without delays), ``time.perf_counter()`` on MPI."""
-    return sc.now() if _simulated() else time.perf_counter()
+    return agent.now()
 
 
 def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
@@ -588,79 +488,8 @@ def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
         raise ValueError("run: until= needs an asynchronous trainer (the agents of a "
                          "synchronous one must run the same number of steps)")
     until = np.inf if until is None else until  # traced on simulated agents, or not
-    if _simulated():
-        if callback is not None:
-            raise TypeError("run: callback runs on MPI only; on simulated agents call run "
-                            "in chunks of iterations")
-        return _run_simulated(trainer, state, grad_fn, iterations, until)
-    limit, until = runtime.timeout(), float(until)
-    if warmup:
-        trainer.compile(state, grad_fn)
-    while int(state.iteration) < iterations and now() < until:
-        start = time.monotonic()
-        while not trainer.ready(state):
-            if now() >= until:
-                return state
-            if limit and time.monotonic() - start > limit:
-                raise JaxfogTimeoutError(f"rank {runtime.rank()}: not ready for iteration "
-                                   f"{int(state.iteration)} after {limit:.0f} s "
-                                   "(JAXFOG_TIMEOUT): a neighbour stopped")
-            time.sleep(poll)
-        state = trainer.step(state, grad_fn)
-        if callback is not None:
-            callback(state)
-    return state
-
-
-def _run_simulated(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int,
-                   until: float) -> Any:
-    axis = _context.current().axis_name
-    timed = sc.timing() is not None
-    event_driven = timed and trainer.asynchronous
-
-    def tick(carry):
-        state, _ = carry
-        todo = (state.iteration < iterations) & (sc.now() < until)
-        ready = todo & trainer.ready(state)
-        if event_driven:
-            # The next event: the first step to end, or a message reaching an
-            # agent that waits (it may make it ready).
-            ends = jnp.where(ready, sc.now() + sc.compute_time(state.iteration), jnp.inf)
-            wakes = jnp.where(todo & ~ready, sw.next_arrival(), jnp.inf)
-            t = lax.pmin(jnp.minimum(ends, wakes), axis).astype(jnp.result_type(float))
-            go = ready & (ends == t)
-            # The stepping agents' steps end now; the waiting ones waited until now.
-            sc.set_now(jnp.where(go | (todo & ~ready), jnp.maximum(sc.now(), t), sc.now()))
-        else:
-            go = ready
-            t = jnp.where(lax.pmax(ready, axis), 0.0, jnp.inf)
-            with sc.stepping(go):
-                sc.set_now(sc.now() + sc.compute_time(state.iteration))
-        with sc.stepping(go):
-            new = trainer.step(state, grad_fn)
-        state = jax.tree.map(lambda old, new: jnp.where(go, new, old), state, new)
-        return state, t
-
-    def body(carry):
-        # The windows and the clock travel in the carry: a while_loop body may
-        # not update the references outside it.
-        state, t, windows, clock = carry
-        with sw.local_refs(windows) as read_windows, sc.local_ref(clock) as read_clock:
-            state, t = tick((state, t))
-            return state, t, read_windows(), read_clock()
-
-    def more(carry):
-        state, t = carry[:2]
-        return lax.pmax(state.iteration < iterations, axis) & (t < jnp.inf)  # t: last tick
-
-    session = sc.current()
-    clock = None if session.now is None else session.now[...]
-    state, _, windows, clock = lax.while_loop(more, body, (
-        state, jnp.zeros([], jnp.result_type(float)), sw.values(), clock))
-    sw.store(windows)
-    if clock is not None:
-        session.now[...] = clock
-    return state
+    return agent.run(trainer, state, grad_fn, iterations, until, warmup=warmup, poll=poll,
+                     callback=callback)
 
 
 __all__ = ["ADPSGDState", "HopState", "OptaxState", "Trainer", "adpsgd", "from_optax", "hop",

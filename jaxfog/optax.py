@@ -823,13 +823,6 @@ def push_sum(inner: optax.GradientTransformation, *, topology: Any = None
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-def _rank_row(table: np.ndarray) -> Any:
-    """This rank's row of a rank-indexed table: numpy on MPI (static
-    weights), traced on simulated agents."""
-    r = runtime.rank()
-    return table[r] if isinstance(r, (int, np.integer)) else jnp.asarray(table)[r]
-
-
 class AsyncPushSumState(NamedTuple):
     """State of :func:`async_push_sum`."""
 
@@ -951,8 +944,9 @@ def async_push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.p
         give = p >= floor
         # Nothing (zeros) is pushed below the floor; the whole mass is then kept.
         pushed = jax.tree.map(lambda v: jnp.where(give, v, jnp.zeros_like(v)), mass)
-        kept = win_accumulate(pushed, name, self_weight=_rank_row(shares["self"]),
-                              dst_weights=_rank_row(shares["push"]), require_mutex=True)
+        # Rank-indexed tables: every backend takes this rank's row.
+        kept = win_accumulate(pushed, name, self_weight=shares["self"],
+                              dst_weights=shares["push"], require_mutex=True)
         kept = jax.tree.map(lambda k, v: jnp.where(give, k, v), kept, mass)
         x, p = win_update_then_collect(kept, name)
         z = jax.tree.map(lambda v, w: (v / p.astype(v.dtype)).astype(w.dtype), x, params)

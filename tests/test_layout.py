@@ -105,3 +105,27 @@ def test_public_names_resolve_and_backends_implement_every_op():
     for backend in (backends.mpi.MpiBackend, backends.simulated.SimulatedBackend):
         missing = {op for op in ops if not callable(getattr(backend, op, None))}
         assert not missing, f"{backend.__name__} lacks {sorted(missing)}"
+
+
+#: Modules that may ask which backend runs: the ops (where the backends live)
+#: and what sits below them (the runtime's queries, the simulation's context,
+#: the traffic counters), plus the simulation's entry point.
+_MAY_ASK = ("jaxfog.ops", "jaxfog.sim", "jaxfog.runtime", "jaxfog._context", "jaxfog.traffic")
+
+
+def test_no_module_above_the_ops_branches_on_the_backend():
+    """One program: what differs between backends is behind the Backend
+    protocol (jaxfog.ops.backends); no other module imports a backend or
+    asks whether it runs on simulated agents."""
+    offenders = []
+    for module, path in _modules().items():
+        if any(module == m or module.startswith(m + ".") for m in _MAY_ASK):
+            continue
+        source = path.read_text()
+        for name, line in _jaxfog_imports(ast.parse(source), module):
+            if name.startswith("jaxfog.ops.backends") or name == "jaxfog._context":
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}")
+        for number, text in enumerate(source.splitlines(), 1):
+            if "_context.current(" in text or "_simulated(" in text or "_on_mpi(" in text:
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{number}: {text.strip()}")
+    assert not offenders, "\n".join(offenders)

@@ -66,8 +66,8 @@ def test_local_view_from_rank_indexed_arrays():
     out = jf.simulate(lambda x: jf.neighbor_allreduce(x, self_weight=sw, src_weights=src,
                                                       dst_weights=dst), n)(X)
     np.testing.assert_allclose(out, w @ X, rtol=1e-13)
-    # A per-rank dict cannot differ between traced agents: a clear error.
-    with pytest.raises(TypeError, match="per-rank value .dict.*rank-indexed numpy arrays"):
+    # A dict is one agent's view, the same for every agent: agent 1 cannot name itself.
+    with pytest.raises(ValueError, match="agent 1 cannot be its own neighbor.*rank-indexed"):
         jf.simulate(lambda x: jf.neighbor_allreduce(x, self_weight=0.5,
                                                     src_weights={1: 0.5}), n)(X)
 

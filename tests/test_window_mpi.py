@@ -106,7 +106,7 @@ def test_window_errors():
             x, "w", self_weight="1")),
         (ValueError, "must be real with shape", lambda: W.win_put(
             x, "w", dst_weights=np.ones(2))),
-        (ValueError, "must be static", lambda: jax.jit(lambda d: W.win_put(
+        (TypeError, "must be static", lambda: jax.jit(lambda d: W.win_put(
             x, "w", dst_weights=d))(jnp.zeros(3))),
         (ValueError, "without with_weight", lambda: W.win_weight("w")),
         (TypeError, "name must be a non-empty string", lambda: W.win_put(x, 3)),

@@ -3,9 +3,14 @@
 A public op calls one function here. It checks what does not depend on the
 backend (types, sizes, options that exclude each other), with one message per
 mistake, and returns a NamedTuple that the backends read
-(``jaxfog.ops.backends``). The only checks left to a backend are of the forms
-that exist on it alone: per-rank dicts under MPI, rank-indexed arrays in the
-simulation, where one trace serves every agent.
+(``jaxfog.ops.backends``). Every backend takes every documented form of an
+argument: this rank's view (a number, ``{rank: w}``, a list of ranks, a row
+of n weights) or the whole rank-indexed table (shape (n,) for a per-rank
+number, (n, n) or (n, k) for per-rank rows), of which each backend takes
+this rank's row (MPI at trace time, from the concrete table; simulated
+agents by their traced index). What a backend checks itself is what it
+alone cannot do: MPI needs concrete weights and ranks (they fix whom a rank
+exchanges with), and says so with a TypeError naming the argument.
 """
 
 from __future__ import annotations
@@ -62,7 +67,8 @@ class LocalView(NamedTuple):
 
 
 def _local_view(self_weight: Any, src_weights: Any, dst_weights: Any, what: str,
-                names: tuple[str, str] = ("src_weights", "dst_weights")) -> LocalView | None:
+                names: tuple[str, str] = ("src_weights", "dst_weights"),
+                size: Any = None) -> LocalView | None:
     if self_weight is None and src_weights is None and dst_weights is None:
         return None
     if self_weight is None:
@@ -71,7 +77,26 @@ def _local_view(self_weight: Any, src_weights: Any, dst_weights: Any, what: str,
     if src_weights is None and dst_weights is None:
         raise ValueError(f"{what}: self_weight needs {names[0]} and/or {names[1]} (leave "
                          "all three out to use the topology's weights)")
+    n = runtime.size() if size is None else size
+    for label, value, shapes in (("self_weight", self_weight, ((), (n,))),
+                                 (names[0], src_weights, ((n,), (n, n))),
+                                 (names[1], dst_weights, ((n,), (n, n)))):
+        if is_array(value) and (np.shape(value) not in shapes or not (
+                jnp.issubdtype(value.dtype, jnp.floating)
+                or jnp.issubdtype(value.dtype, jnp.integer))):
+            forms = " or ".join(str(s_) for s_ in shapes)
+            raise ValueError(f"{what}: {label} as an array must be real with shape {forms} "
+                             f"(n = {n}), got {value.dtype}{list(np.shape(value))}")
     return LocalView(self_weight, src_weights, dst_weights)
+
+
+def is_array(value: Any) -> bool:
+    """A numpy or JAX array (concrete or traced), or a numpy scalar."""
+    return isinstance(value, (np.ndarray, np.generic, jax.Array))
+
+
+def is_traced(value: Any) -> bool:
+    return isinstance(value, jax.core.Tracer)
 
 
 def _step(step: Any, what: str) -> Any:
@@ -137,7 +162,8 @@ def hierarchical_neighbor_allreduce(*, self_weight: Any, src_machine_weights: An
     what = _what("hierarchical_neighbor_allreduce", name)
     return HierarchicalNeighborAllreduce(
         _local_view(self_weight, src_machine_weights, dst_machine_weights, what,
-                    ("src_machine_weights", "dst_machine_weights")), what)
+                    ("src_machine_weights", "dst_machine_weights"),
+                    runtime.machine_size()), what)
 
 
 class NeighborAllgather(NamedTuple):
@@ -152,8 +178,15 @@ def neighbor_allgather(*, src_ranks: Any, dst_ranks: Any,
                        name: str | None) -> NeighborAllgather:
     what = _what("neighbor_allgather", name)
     for label, ranks in (("src_ranks", src_ranks), ("dst_ranks", dst_ranks)):
-        if ranks is not None and (isinstance(ranks, (str, bytes))
-                                  or not hasattr(ranks, "__iter__")):
+        if is_array(ranks):
+            n = runtime.size()
+            if np.ndim(ranks) not in (1, 2) or (np.ndim(ranks) == 2 and ranks.shape[0] != n) \
+                    or not jnp.issubdtype(ranks.dtype, jnp.integer):
+                raise ValueError(f"{what}: {label} as an array must be integer ranks, a list "
+                                 f"(shape (k,)) or a rank-indexed table (shape ({n}, k)), got "
+                                 f"{ranks.dtype}{list(np.shape(ranks))}")
+        elif ranks is not None and (isinstance(ranks, (str, bytes))
+                                    or not hasattr(ranks, "__iter__")):
             raise TypeError(f"{what}: {label} must be a list of ranks, got "
                             f"{type(ranks).__name__}")
     return NeighborAllgather(src_ranks, dst_ranks, what)
@@ -194,13 +227,19 @@ def allgather(*, name: str | None) -> Allgather:
 
 
 class PairGossip(NamedTuple):
-    peer: Any  # a rank (int), or a traced one on simulated agents
+    peer: Any  # this rank's peer: an int, a concrete or a traced integer scalar
     what: str
 
 
 def pair_gossip(peer: Any, *, name: str | None) -> PairGossip:
     what = _what("pair_gossip", name)
     size = runtime.size()
+    if is_array(peer) and np.shape(peer) == (size,) and jnp.issubdtype(peer.dtype,
+                                                                         jnp.integer):
+        if not is_traced(peer) and ((np.asarray(peer) < 0) | (np.asarray(peer) >= size)).any():
+            raise ValueError(f"{what}: the peer table holds ranks outside [0, {size}): "
+                             f"{np.asarray(peer).tolist()}")
+        peer = rank_row(peer)  # a rank-indexed table of peers: this rank's entry
     if isinstance(peer, (bool, np.bool_)) or not (
             isinstance(peer, (int, np.integer)) or (
                 hasattr(peer, "dtype") and np.ndim(peer) == 0
@@ -209,6 +248,15 @@ def pair_gossip(peer: Any, *, name: str | None) -> PairGossip:
     if isinstance(peer, (int, np.integer)) and not 0 <= peer < size:
         raise ValueError(f"{what}: peer {peer} is not a rank of {size}")
     return PairGossip(peer, what)
+
+
+def rank_row(table: Any) -> Any:
+    """Row ``rank()`` of a rank-indexed table: numpy where the rank and the
+    table are concrete (MPI, at trace time), else a traced row."""
+    rank = runtime.rank()
+    if isinstance(rank, (int, np.integer)) and not is_traced(table):
+        return np.asarray(table)[rank]
+    return jnp.asarray(table)[rank]
 
 
 
@@ -228,7 +276,19 @@ def _flag(value: Any, label: str, what: str) -> bool:
 
 
 def _self_weight(value: Any, what: str) -> Any:
-    """None, a real number, or (simulation) a traced real scalar."""
+    """None, a real number, a rank-indexed array of n numbers (this rank's
+    entry is taken), or a traced real scalar (simulated agents)."""
+    if is_array(value):
+        n = runtime.size()
+        if np.shape(value) not in ((), (n,)) or not (
+                jnp.issubdtype(value.dtype, jnp.floating)
+                or jnp.issubdtype(value.dtype, jnp.integer)):
+            raise ValueError(f"{what}: self_weight as an array must be real with shape () "
+                             f"or ({n},), got {value.dtype}{list(np.shape(value))}")
+        if np.shape(value) == (n,):
+            value = rank_row(value)
+        if not is_traced(value):
+            value = np.asarray(value).item()
     if value is None or isinstance(value, jax.core.Tracer):
         return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
@@ -252,17 +312,31 @@ class Peers(NamedTuple):
 
 def _peers(value: Any, label: str, what: str, allow_list: bool) -> Peers | None:
     """``None`` (the op's default), a dict ``{rank: weight}``, a list of ranks
-    (weight 1; puts only) or an array of n weights (the ranks with a nonzero
-    weight)."""
+    (weight 1), an array of n weights (this rank's row: the ranks with a
+    nonzero weight) or a rank-indexed (n, n) table of them (row i: rank i's;
+    its diagonal is not used)."""
     if value is None:
         return None
     n, rank = runtime.size(), runtime.rank()
     where = f"{what}: {label}"
+    if isinstance(value, (np.ndarray, jax.Array)) and value.shape == (n, n) and (
+            jnp.issubdtype(value.dtype, jnp.floating) or jnp.issubdtype(value.dtype,
+                                                                        jnp.integer)):
+        if is_traced(value):
+            value = value * (1 - jnp.eye(n, dtype=value.dtype))
+            return _peers(value[rank], label, what, allow_list)
+        table = np.asarray(value, np.float64).copy()
+        if not np.isfinite(table).all():
+            raise ValueError(f"{where}: weights must be finite")
+        np.fill_diagonal(table, 0.0)
+        if isinstance(rank, (int, np.integer)):
+            return Peers(table[rank] != 0, table[rank])
+        return Peers(table != 0, table)  # simulated agents: every agent's row, static
     if isinstance(value, (np.ndarray, jax.Array)):
         if value.shape != (n,) or not (jnp.issubdtype(value.dtype, jnp.floating)
                                        or jnp.issubdtype(value.dtype, jnp.integer)):
-            raise ValueError(f"{where}: an array of weights must be real with shape ({n},), "
-                             f"got {value.dtype}{list(value.shape)}")
+            raise ValueError(f"{where}: an array of weights must be real with shape ({n},) "
+                             f"or ({n}, {n}), got {value.dtype}{list(value.shape)}")
         if isinstance(value, jax.core.Tracer):
             return Peers(value != 0, value)
         weights = np.asarray(value, np.float64)
@@ -288,11 +362,28 @@ class WinCreate(NamedTuple):
     #: MPI only, internal (AD-PSGD): keep a slot for the rank itself, so that
     #: it can read its own published value with win_get under its mutex.
     self_slot: bool = False
+    #: src_ranks given as a rank-indexed table: every rank's sources.
+    src_table: tuple[tuple[int, ...], ...] | None = None
 
 
 def win_create(*, name: Any, zero_init: Any, with_weight: Any, src_ranks: Any) -> WinCreate:
     what = "win_create"
     name = _window_name(name, what)
+    table = None
+    if is_array(src_ranks) and np.ndim(src_ranks) == 2:
+        n = runtime.size()
+        if is_traced(src_ranks):
+            raise TypeError(f"{what}: src_ranks must be concrete (a window's slots are "
+                            "allocated when it is created), not a traced value")
+        table = np.asarray(src_ranks)
+        if table.shape[0] != n or not np.issubdtype(table.dtype, np.integer) or (
+                (table < 0) | (table >= n)).any():
+            raise ValueError(f"{what}: src_ranks as a table must be an ({n}, k) array of "
+                             f"ranks, got {table.dtype}{list(table.shape)}")
+        table = tuple(tuple(sorted({int(r) for r in row if r != i}))
+                      for i, row in enumerate(table))
+        rank = runtime.rank()
+        src_ranks = table[rank] if isinstance(rank, (int, np.integer)) else None
     if src_ranks is not None:
         if isinstance(src_ranks, (str, bytes)) or not hasattr(src_ranks, "__iter__"):
             raise TypeError(f"{what}: src_ranks must be a list of ranks, got "
@@ -305,7 +396,8 @@ def win_create(*, name: Any, zero_init: Any, with_weight: Any, src_ranks: Any) -
                                  f"[0, {runtime.size()})")
         src_ranks = tuple(sorted({int(r) for r in src_ranks}))
     return WinCreate(name, _flag(zero_init, "zero_init", what),
-                     _flag(with_weight, "with_weight", what), src_ranks, what)
+                     _flag(with_weight, "with_weight", what), src_ranks, what,
+                     src_table=table)
 
 
 class WinPut(NamedTuple):

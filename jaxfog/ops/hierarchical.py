@@ -32,8 +32,9 @@ def hierarchical_neighbor_allreduce(
       x: an array or a pytree.
       self_weight, src_machine_weights, dst_machine_weights: the local view in
         machine ranks, with ``neighbor_allreduce``'s pull/push/push-pull
-        meanings (MPI only; in :func:`jaxfog.simulate` the weights come from
-        its ``machine_topology``).
+        meanings, in any of its forms (numbers, dicts, lists, rank-indexed
+        tables over machines) on every backend (default: the machine
+        topology's, in :func:`jaxfog.simulate` its ``machine_topology``).
       name: a name for error messages.
 
     Returns:

@@ -34,9 +34,12 @@ def neighbor_allreduce(x: Any, *, self_weight: float | None = None,
       (pull: the senders are the static in-neighbours), with ``dst_weights``
       (push: receive from the static in-neighbours), or with both (push-pull:
       any ranks, also outside the static graph; empty lists allowed).
-      ``dst_weights`` may be a list of ranks (weight 1.0 each). Inside
-      :func:`jaxfog.simulate` the weights are rank-indexed numpy arrays:
-      ``self_weight[i]``, ``src_weights[i, j]``, ``dst_weights[j, i]``.
+      ``dst_weights`` may be a list of ranks (weight 1.0 each). On every
+      backend each weight may also be a row of n weights or the whole
+      rank-indexed table (``self_weight[i]``, ``src_weights[i, j]``,
+      ``dst_weights[j, i]``), of which each rank takes its row; a table of
+      one side alone also says the other (who sends, who hears). On MPI the
+      weights must be concrete (a TypeError names a traced one).
     * **scheduled**: ``topology=`` a :class:`~jaxfog.topology.Schedule` and
       ``step=`` an integer, traced or not; the entry ``step % period`` is
       chosen when the op runs, so a time-varying graph inside ``lax.scan``
@@ -97,8 +100,9 @@ def neighbor_allgather(x: Any, *, src_ranks: Sequence[int] | None = None,
       x: an array or a pytree; every neighbour must send the same shapes. A
         scalar counts as shape ``(1,)``.
       src_ranks: ranks to receive from; default the current topology's
-        in-neighbours, ascending. Inside :func:`jaxfog.simulate`, an ``(n, k)``
-        array whose row i lists agent i's sources.
+        in-neighbours, ascending. Or, on every backend, an ``(n, k)`` table
+        whose row i lists agent i's sources (an entry naming the agent itself
+        is its own value; the senders follow from the table).
       dst_ranks: ranks to send to; default the out-neighbours (not needed in
         a simulation, where the sources decide).
       name: a name for error messages.
@@ -124,7 +128,8 @@ def pair_gossip(x: Any, peer: Any, *, name: str | None = None) -> Any:
     The synchronous two-sided form of AD-PSGD's gossip (Lian et al. 2018):
     every rank calls it at once and the ranks pair up, each naming the other
     (``peer`` of ``peer`` is this rank); a rank that names itself keeps its
-    value. On MPI processes ``peer`` is a Python int (static under
+    value. ``peer`` may also be a rank-indexed table of n peers. On MPI
+    processes ``peer`` is concrete (a Python int, static under
     ``jaxfog.jit``) and the op is a push-pull ``neighbor_allreduce`` with
     that one rank; on simulated agents it may be traced (e.g. drawn from the
     agent's rank and the step), and an agent whose peer does not name it back

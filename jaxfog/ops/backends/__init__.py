@@ -5,7 +5,10 @@ simulated agents (:mod:`.simulated`, ``lax`` collectives over the agent
 axis); otherwise on this job's MPI processes (:mod:`.mpi`, the FFI
 primitives). A backend has one method per op, taking the op's flat leaves and
 its resolved arguments (:mod:`jaxfog.ops._args`) and returning the result
-leaves; :class:`Backend` lists them. A new backend (NCCL) implements them.
+leaves; :class:`Backend` lists them, with what an agent's training loop
+needs (its clock, compiled steps, the loop, AD-PSGD's shared models:
+``jaxfog.ops.agent``). A new backend implements them; no module above
+``jaxfog.ops`` asks which backend it runs on.
 """
 
 from __future__ import annotations
@@ -58,6 +61,38 @@ class Backend(Protocol):
     def win_weight(self, name: str) -> Any: ...
 
     def win_mutex(self, name: str, ranks: Any) -> ContextManager[None]: ...
+
+    # An agent's training loop (jaxfog.ops.agent, for jaxfog.asynchrony):
+    # what differs between running as processes in real time and as traced
+    # agents in simulated time.
+    def now(self) -> Any:
+        """This agent's clock, in seconds."""
+
+    def call_step(self, step: Any, *args: Any) -> Any:
+        """Runs a ``jaxfog.ops.agent.StepFunction`` (compiled, or traced in)."""
+
+    def compile_step(self, step: Any, *args: Any) -> None:
+        """Compiles it ahead of the loop (where there is anything to compile)."""
+
+    def settle(self) -> None:
+        """Collective: every agent's one-sided writes so far have landed."""
+
+    def run(self, trainer: Any, state: Any, grad_fn: Any, iterations: int, until: Any, *,
+            warmup: bool, poll: float, callback: Any) -> Any:
+        """The agent's loop of ``trainer.ready``/``trainer.step`` until ``iterations``
+        or its clock reaches ``until``."""
+
+    # AD-PSGD's shared models: a window's published value, read, added to and
+    # averaged pairwise, atomically.
+    def value_create(self, leaves: Leaves, treedef: Any, name: str, peers: Any) -> None: ...
+
+    def value_read(self, name: str) -> Any: ...
+
+    def value_add(self, name: str, x: Any) -> None: ...
+
+    def value_pair_average(self, name: str, peer: Any) -> None: ...
+
+    def value_compile(self, name: str) -> None: ...
 
 
 def current() -> Backend:

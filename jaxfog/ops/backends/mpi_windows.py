@@ -16,6 +16,7 @@ import dataclasses
 import itertools
 from typing import Any, Iterator
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -23,6 +24,7 @@ from jaxfog import ffi, runtime
 from jaxfog.errors import JaxfogError
 from jaxfog.ops import _args, _jax_compat, _plan, _primitive
 from jaxfog.ops import primitives as P
+from jaxfog.ops.jit import jit
 from jaxfog.ops.backends import _numerics, _window_spec
 
 _ALIGN = 64  # the C++ window layout: each leaf (and the weight) at a multiple of 64 bytes
@@ -131,6 +133,7 @@ def win_free(name: str | None) -> bool:
     P.wait_for_dispatched()
     for n in names:
         ffi.library().jaxfog_win_free(_windows.pop(n).id)
+        _values.pop(n, None)
     _primitive.windows_changed()
     return True
 
@@ -151,12 +154,19 @@ def _named(peers: _args.Peers | None, default: np.ndarray, what: str,
     if peers is None:
         return {int(r): float(default[r]) for r in np.flatnonzero(default)}
     if not isinstance(peers.mask, np.ndarray):
-        raise ValueError(f"{what}: under MPI {label} must be static (a dict, a list or a "
-                         "concrete array), not a traced value")
+        raise TypeError(f"{what}: {label} is a traced value, but on MPI processes it must be "
+                        "static (a dict, a list, a concrete array or a rank-indexed table): "
+                        "the C++ op takes its ranks and weights when it is compiled. Pass "
+                        "the whole table rather than indexing it with jaxfog.rank() inside "
+                        "a jitted function")
     return {int(r): float(peers.weights[r]) for r in np.flatnonzero(peers.mask)}
 
 
 def _self_weight(value: Any, default: float, what: str) -> float:
+    if _args.is_traced(value):
+        raise TypeError(f"{what}: self_weight is a traced value, but on MPI processes it "
+                        "must be static (a number or a concrete rank-indexed array): the C++ "
+                        "op takes its weights when it is compiled")
     return _plan.weight(default if value is None else value, f"{what}: self_weight")
 
 
@@ -274,3 +284,103 @@ def win_mutex(name: str, ranks: Any) -> Iterator[None]:
     finally:
         P.wait_for_dispatched()  # what ran under the mutex has finished
         _call(lib.jaxfog_win_mutex, window.id, held.ctypes.data, held.size, 0)
+
+
+# -- AD-PSGD's shared models (jaxfog.ops.agent): published values read and -----------------
+# -- averaged under the window mutexes, in short compiled calls -----------------------------
+
+_values: dict[str, dict[str, Any]] = {}
+
+
+def _peers_of(weights: dict[int, float]) -> _args.Peers:
+    mask, row = np.zeros(runtime.size(), bool), np.zeros(runtime.size())
+    for j, w in weights.items():
+        mask[j], row[j] = True, w
+    return _args.Peers(mask, row)
+
+
+def _get_own(name: str, weights: dict[int, float]) -> None:
+    """``win_get`` that may name this rank itself (its own slot)."""
+    win_get(_args.WinGet(name, _peers_of(weights), False, "adpsgd"))
+
+
+def _combine(x: Any, name: str, self_weight: float, weights: dict[int, float]) -> Any:
+    """``win_update`` that may read this rank's own slot."""
+    leaves, treedef = _args.leaves("adpsgd", x)
+    args = _args.WinUpdate(name, self_weight, _peers_of(weights), False, False, False, "adpsgd")
+    return jax.tree.unflatten(treedef, win_update(leaves, treedef, args))
+
+
+def _accumulate_values(x: Any, name: str, dst: dict[int, float], require_mutex: bool) -> None:
+    """Adds ``w * x`` onto each destination's published value."""
+    args = _args.WinPut(name, None, _peers_of(dst), require_mutex, True, "adpsgd",
+                        into_values=True)
+    leaves, treedef = _args.leaves(args.what, x)
+    win_put(leaves, treedef, args)
+
+
+def value_create(leaves: list, treedef: Any, name: str, peers: np.ndarray) -> None:
+    """Window ``name`` holding this rank's model, with a slot for each peer
+    (``peers[rank]``) and for itself (read under its own mutex)."""
+    r = runtime.rank()
+    args = _args.win_create(name=name, zero_init=False, with_weight=False,
+                            src_ranks=[*np.flatnonzero(peers[r]), r])
+    win_create(leaves, treedef, args._replace(self_slot=True))
+    shapes = [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in leaves]
+    _values[name] = {"peers": [int(j) for j in np.flatnonzero(peers[r])], "pieces": _pieces(
+        name, lambda: jax.tree.unflatten(treedef, [jnp.zeros(s.shape, s.dtype)
+                                                   for s in shapes]))}
+
+
+def _pieces(name: str, zeros: Any) -> dict[str, Any]:
+    def read():
+        r = runtime.rank()
+        _get_own(name, {r: 1.0})
+        return _combine(zeros(), name, 0.0, {r: 1.0})
+
+    def average(j):
+        r = runtime.rank()
+        _get_own(name, {r: 1.0, j: 1.0})
+        mine = _combine(zeros(), name, 0.0, {r: 1.0})
+        mean = _combine(mine, name, 0.5, {j: 0.5})
+        _accumulate_values(jax.tree.map(jnp.subtract, mine, mean), name, {j: 1.0}, False)
+        return mean
+
+    return {"read": jit(read), "average": jit(average, static_argnums=0),
+            "add": jit(lambda u: _accumulate_values(u, name, {runtime.rank(): 1.0}, True)),
+            "zeros": zeros}
+
+
+def _value(name: str) -> dict[str, Any]:
+    lookup(name, "adpsgd")
+    return _values[name]
+
+
+def value_read(name: str) -> Any:
+    with win_mutex(name, [runtime.rank()]):
+        return _value(name)["pieces"]["read"]()
+
+
+def value_add(name: str, x: Any) -> None:
+    _value(name)["pieces"]["add"](x)
+
+
+def value_pair_average(name: str, peer: Any) -> None:
+    if _args.is_traced(peer):
+        raise TypeError("adpsgd: the peer is a traced value, but on MPI processes the pairwise "
+                        "average must know it (it takes both ranks' mutexes); step "
+                        "outside jax.jit")
+    j = int(peer)
+    with win_mutex(name, [runtime.rank(), j]):
+        _value(name)["pieces"]["average"](j)
+
+
+def value_compile(name: str) -> None:
+    value = _value(name)
+    pieces = value["pieces"]
+    pieces["read"].lower().compile()
+    pieces["add"].lower(pieces["zeros"]()).compile()
+    for j in value["peers"]:  # every peer
+        pieces["average"].lower(j).compile()
+    with win_mutex(name, [runtime.rank()]):  # and the mutex's own small computations
+        pass

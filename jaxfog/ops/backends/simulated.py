@@ -24,7 +24,7 @@ in float32. It is the oracle the MPI backend is tested against.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,19 +33,21 @@ from jax import lax
 
 from jaxfog import _context
 from jaxfog import topology as T
-from jaxfog.ops import _args
+from jaxfog.ops import _args, _plan
 from jaxfog.ops.backends import _numerics
 from jaxfog.ops.backends import simulated_clock as _clock
 from jaxfog.ops.backends import simulated_windows as _windows
 
 
-def _mix_leaf(x, w: np.ndarray, sim: _context.Simulation):
-    """Row ``rank`` of ``W @ X`` for one leaf, with one ppermute per offset."""
+def _mix_leaf(x, w: np.ndarray, sim: _context.Simulation, self_weight: Any = None):
+    """Row ``rank`` of ``W @ X`` for one leaf, with one ppermute per offset
+    (``self_weight``: this agent's traced self weight instead of W's diagonal)."""
     n, i = sim.size, sim.rank
     with _numerics.accumulating(x.dtype) as acc:
         xs = x.astype(acc)
         rows = np.arange(n)
-        out = jnp.asarray(np.diag(w))[i].astype(acc) * xs
+        own = jnp.asarray(np.diag(w))[i] if self_weight is None else jnp.asarray(self_weight)
+        out = own.astype(acc) * xs
         for offset in range(1, n):
             column = w[rows, (rows - offset) % n]  # weight agent r gives agent r - offset
             if not column.any():
@@ -58,45 +60,154 @@ def _mix_leaf(x, w: np.ndarray, sim: _context.Simulation):
         return _numerics.finish(out, x.dtype)
 
 
-def _mix(leaves: list, w: np.ndarray, sim: _context.Simulation) -> list:
-    return [_mix_leaf(leaf, w, sim) for leaf in leaves]
+def _mix(leaves: list, w: np.ndarray, sim: _context.Simulation, self_weight: Any = None) -> list:
+    return [_mix_leaf(leaf, w, sim, self_weight) for leaf in leaves]
 
 
-def _concrete(value: Any, what: str) -> np.ndarray:
-    if isinstance(value, jax.core.Tracer):
-        raise TypeError(f"jaxfog.simulate: {what} must be a concrete numpy array (its "
-                        "sparsity fixes the exchanges), not a traced value")
-    return np.asarray(value, dtype=np.float64)
+def _mix_dense(leaves: list, self_weight: Any, weights: Any, sim: _context.Simulation) -> list:
+    """``self_weight * x_i + sum_j weights[j] x_j`` with traced weights: every
+    agent's value gathered (the senders are not known at trace time)."""
+    outs = []
+    for x in leaves:
+        with _numerics.accumulating(x.dtype) as acc:
+            xs = x.astype(acc)
+            everyone = lax.all_gather(xs, sim.axis_name)
+            w = weights.astype(acc).reshape((-1,) + (1,) * x.ndim)
+            out = jnp.asarray(self_weight).astype(acc) * xs + jnp.sum(w * everyone, axis=0)
+            outs.append(_numerics.finish(out, x.dtype))
+    return outs
 
 
-def local_view_matrix(topology: T.Topology, view: _args.LocalView) -> np.ndarray:
-    """W from rank-indexed weight arrays (the simulation's form of the local view).
+class Mixing(NamedTuple):
+    """A local view resolved for every agent: a static W (``self_weight``
+    None: its diagonal; else this agent's traced self weight), or, when a
+    weight is traced, ``weights``: this agent's weight for every sender."""
 
-    ``self_weight[i]``; ``src_weights[i, j]``, the weight i gives to j's value
-    (default: 1 on the topology's edges); ``dst_weights[j, i]``, the weight j
-    scales what it sends to i by (default 1): ``W[i, j] = src[i, j] * dst[j, i]``.
+    static: np.ndarray | None
+    self_weight: Any
+    weights: Any
+
+
+def _side(value: Any, label: str, what: str, n: int, rank: Any, allow_list: bool):
+    """(kind, value): ``table`` (n, n) numpy with a zero diagonal, ``row`` (n,)
+    numpy (this agent's view, the same for every agent), ``traced`` (n,)."""
+    if value is None:
+        return None
+    where = f"{what}: {label}"
+    if not _args.is_array(value):
+        given = _plan.weights_dict(value, where, allow_list=allow_list)
+        _plan.check_ranks(given, n, -1, where)
+        row = np.zeros(n)
+        for j, w in given.items():
+            row[j] = w
+        return "row", row
+    if _args.is_traced(value):
+        row = value[rank] * (jnp.arange(n) != rank) if value.ndim == 2 else value
+        return "traced", row
+    a = np.asarray(value, np.float64)
+    if not np.isfinite(a).all():
+        raise ValueError(f"{where}: weights must be finite")
+    if a.ndim == 2:
+        a = a.copy()
+        np.fill_diagonal(a, 0.0)
+        return "table", a
+    return "row", a
+
+
+def _full(side, label: str, what: str, n: int) -> np.ndarray | None:
+    """Every agent's row of a static side."""
+    if side is None:
+        return None
+    kind, value = side
+    if kind == "table":
+        return value
+    named = [int(j) for j in np.flatnonzero(value)]
+    if named:
+        raise ValueError(f"{what}: {label} names ranks {named} for every agent, so agent "
+                         f"{named[0]} cannot be its own neighbor; give a rank-indexed table "
+                         "(row i: agent i's weights) instead")
+    return np.tile(value, (n, 1))
+
+
+def local_view_mixing(topology: T.Topology, view: _args.LocalView, what: str, rank: Any,
+                      labels: tuple[str, str] = ("src_weights", "dst_weights")) -> Mixing:
+    """W of BlueFog's local view, from any documented form of each weight.
+
+    ``self_weight``: a number, a rank-indexed (n,) array, or a traced value;
+    ``src_weights``: ``{rank: w}``, a row of n weights, or a rank-indexed
+    table ``src[i, j]`` (the weight i gives j's value); ``dst_weights``: the
+    same, or a list of ranks, with ``dst[j, i]`` the weight j scales what it
+    sends to i by. ``W[i, j] = src[i, j] * dst[j, i]``; with one side only,
+    the other's weights are 1 on its edges. A dict or a list is one agent's
+    view, the same for every agent (as on MPI, in pull or push form its ranks
+    must be the topology's in- or out-neighbours).
     """
     n = topology.size
-    for name, value in zip(view._fields, view):
-        if isinstance(value, (dict, list, tuple)) or (
-                np.ndim(value) == 0 and value is not None and name != "self_weight"):
-            raise TypeError(
-                f"jaxfog.simulate: {name} is a per-rank value ({type(value).__name__}), "
-                "which cannot differ between traced agents; pass rank-indexed numpy "
-                "arrays instead (self_weight of shape (n,), src_weights[i, j] and "
-                "dst_weights[j, i] of shape (n, n)), or a Topology as topology=")
-    self_weight = np.broadcast_to(_concrete(view.self_weight, "self_weight"), (n,))
-    edges = (topology.weights != 0).astype(np.float64)
-    src = edges if view.src_weights is None else _concrete(view.src_weights, "src_weights")
-    dst = np.ones((n, n)) if view.dst_weights is None else _concrete(view.dst_weights,
-                                                                     "dst_weights")
-    for name, m in (("src_weights", src), ("dst_weights", dst)):
-        if m.shape != (n, n):
-            raise ValueError(f"jaxfog.simulate: {name} must have shape ({n}, {n}), got "
-                             f"{m.shape}")
-    w = src * dst.T
-    np.fill_diagonal(w, self_weight)
-    return w
+    sw = view.self_weight
+    traced_self = None
+    if _args.is_traced(sw):
+        traced_self = sw[rank] if jnp.ndim(sw) == 1 else sw
+        self_row = None
+    else:
+        if not _args.is_array(sw):
+            sw = _plan.weight(sw, f"{what}: self_weight")
+        self_row = np.broadcast_to(np.asarray(sw, np.float64), (n,))
+        if not np.isfinite(self_row).all():
+            raise ValueError(f"{what}: self_weight must be finite")
+    src = _side(view.src_weights, labels[0], what, n, rank, allow_list=False)
+    dst = _side(view.dst_weights, labels[1], what, n, rank, allow_list=True)
+    if any(side is not None and side[0] == "traced" for side in (src, dst)):
+        return _dense(src, dst, self_row, traced_self, n, rank)
+    S, D = _full(src, labels[0], what, n), _full(dst, labels[1], what, n)
+    edges = (topology.weights != 0) & ~np.eye(n, dtype=bool)
+    if S is not None and D is not None:
+        w = S * D.T
+    elif S is not None:
+        if src[0] == "row" and ((S != 0) != edges).any():
+            raise ValueError(f"{what}: {labels[0]} names ranks other than the static "
+                             "topology's in-neighbours; give dst_weights too for a dynamic "
+                             "graph")
+        w = S.copy()
+    else:
+        if dst[0] == "row" and ((D != 0) != edges.T).any():
+            raise ValueError(f"{what}: {labels[1]} names ranks other than the static "
+                             "topology's out-neighbours; give src_weights too for a dynamic "
+                             "graph")
+        w = D.T.copy()
+    np.fill_diagonal(w, 0.0 if self_row is None else self_row)
+    return Mixing(w, traced_self, None)
+
+
+def _dense(src, dst, self_row, traced_self, n: int, rank: Any) -> Mixing:
+    def mine(side):  # this agent's src row
+        kind, value = side
+        return jnp.asarray(value)[rank] if kind == "table" else jnp.asarray(value)
+
+    def column(side):  # every sender's dst weight for this agent
+        kind, value = side
+        if kind == "table":
+            return jnp.asarray(value)[:, rank]
+        if kind == "row":
+            return jnp.full(n, jnp.asarray(value)[rank])
+        return lax.all_gather(value, _context.current().axis_name)[:, rank]
+
+    s = None if src is None else mine(src)
+    d = None if dst is None else column(dst)
+    if s is None:
+        s = (d != 0).astype(d.dtype)
+    if d is None:
+        d = jnp.ones(n, s.dtype)
+    weights = jnp.where(jnp.arange(n) != rank, s * d, 0)
+    own = traced_self if self_row is None else jnp.asarray(self_row)[rank]
+    return Mixing(None, own, weights)
+
+
+def _apply(leaves: list, mixing: Mixing, sim: _context.Simulation) -> list:
+    if mixing.static is not None:
+        _clock.synchronize(mixing.static != 0)
+        return _mix(leaves, mixing.static, sim, mixing.self_weight)
+    _clock.synchronize()
+    return _mix_dense(leaves, mixing.self_weight, mixing.weights, sim)
 
 
 def _stack_blocks(gathered):
@@ -119,10 +230,14 @@ def _source_table(sim: _context.Simulation, src_ranks: Any) -> np.ndarray:
                              "receive from the same number of ranks (in-degrees differ); "
                              "pass src_ranks as an (n, k) array")
         return np.array(ins, dtype=np.int32).reshape(n, -1)
-    if isinstance(src_ranks, (list, tuple)) and src_ranks and np.ndim(src_ranks) == 1:
-        raise TypeError("jaxfog.simulate: src_ranks must be rank-indexed, an (n, k) "
-                        "array whose row i lists agent i's sources")
-    table = np.asarray(src_ranks, dtype=np.int32)
+    if _args.is_traced(src_ranks):
+        raise TypeError("jaxfog.simulate: src_ranks must be concrete (a list, or a "
+                        "rank-indexed (n, k) table): they fix the exchanges, not a traced "
+                        "value")
+    table = np.asarray(list(src_ranks) if not _args.is_array(src_ranks) else src_ranks,
+                       dtype=np.int32)
+    if table.ndim == 1:  # one agent's list, the same for every agent
+        table = np.tile(table, (n, 1))
     if table.ndim != 2 or table.shape[0] != n or ((table < 0) | (table >= n)).any():
         raise ValueError(f"jaxfog.simulate: src_ranks must be an ({n}, k) array of ranks")
     return table
@@ -145,10 +260,10 @@ class SimulatedBackend:
             return lax.switch(args.step.astype(jnp.int32) % graph.period, branches, leaves)
         # Every agent's plan is a row of one W, so senders and receivers always
         # match: check_topology has nothing to check here.
-        w = graph.weights if args.local_view is None else local_view_matrix(
-            graph, args.local_view)
-        _clock.synchronize(w != 0)
-        return _mix(leaves, w, sim)
+        if args.local_view is None:
+            return _apply(leaves, Mixing(graph.weights, None, None), sim)
+        return _apply(leaves, local_view_mixing(graph, args.local_view, args.what, sim.rank),
+                      sim)
 
     def pair_gossip(self, leaves: list, args: _args.PairGossip) -> list:
         """Every agent reads its peer's value (a gather: the peers may be
@@ -172,13 +287,20 @@ class SimulatedBackend:
             self, leaves: list, args: _args.HierarchicalNeighborAllreduce) -> list:
         """Machine means (ppermutes inside each machine), then the machine
         topology applied between machines (ppermutes by whole machines)."""
-        if args.local_view is not None:
-            raise TypeError(f"{args.what}: in jaxfog.simulate the machine weights come "
-                            "from simulate(machine_topology=...), not per-rank dicts")
         sim = self.sim
+        wm = sim.machine_topology.weights
+        if args.local_view is not None:
+            mixing = local_view_mixing(sim.machine_topology, args.local_view, args.what,
+                                       sim.machine_rank,
+                                       ("src_machine_weights", "dst_machine_weights"))
+            if mixing.static is None or mixing.self_weight is not None:
+                raise TypeError(f"{args.what}: in jaxfog.simulate the machine weights must "
+                                "be concrete (numbers, dicts, lists or rank-indexed arrays "
+                                "over machines), not traced values")
+            wm = mixing.static
         _clock.synchronize()
         n, size_l = sim.size, sim.local_size
-        w = np.kron(sim.machine_topology.weights, np.eye(size_l))  # machine m' -> m, same l
+        w = np.kron(wm, np.eye(size_l))  # machine m' -> m, same l
         outs = []
         for x in leaves:
             with _numerics.accumulating(x.dtype) as acc:
@@ -248,3 +370,96 @@ class SimulatedBackend:
     win_version = staticmethod(_windows.win_version)
     win_weight = staticmethod(_windows.win_weight)
     win_mutex = staticmethod(_windows.win_mutex)
+
+    # An agent's training loop (jaxfog.ops.agent): simulated time, traced steps.
+    def now(self) -> Any:
+        return _clock.now()
+
+    def call_step(self, step: Any, *args: Any) -> Any:
+        return step.fn(*args)  # traced into the simulation
+
+    def compile_step(self, step: Any, *args: Any) -> None:
+        """Nothing: simulated time never counts compilation."""
+
+    def settle(self) -> None:
+        """Nothing: a simulated put lands at once (or after its delay)."""
+
+    def value_create(self, leaves: list, treedef: Any, name: str, peers: np.ndarray) -> None:
+        args = _args.win_create(name=name, zero_init=False, with_weight=False, src_ranks=None)
+        _windows.win_create(self.sim, leaves, treedef, args)
+
+    def value_read(self, name: str) -> Any:
+        return _windows.read_value(name)
+
+    def value_add(self, name: str, x: Any) -> None:
+        _windows.add_to_value(name, x)
+
+    def value_pair_average(self, name: str, peer: Any) -> None:
+        _windows.pair_average(name, peer)
+
+    def value_compile(self, name: str) -> None:
+        """Nothing to compile."""
+
+    def run(self, trainer: Any, state: Any, grad_fn: Any, iterations: int, until: Any, *,
+            warmup: bool, poll: float, callback: Any) -> Any:
+        if callback is not None:
+            raise TypeError("run: callback runs on MPI only; on simulated agents call run "
+                            "in chunks of iterations")
+        return _run(self.sim, trainer, state, grad_fn, iterations, until)
+
+
+def _run(sim: _context.Simulation, trainer: Any, state: Any, grad_fn: Any, iterations: int,
+         until: Any) -> Any:
+    """Ticks of a ``while_loop``: with delays, the ready agents whose steps end
+    first (an asynchronous trainer) or every agent with its compute time
+    charged (a synchronous one); without, every ready agent each tick."""
+    axis = sim.axis_name
+    timed = _clock.timing() is not None
+    event_driven = timed and trainer.asynchronous
+
+    def tick(carry):
+        state, _ = carry
+        todo = (state.iteration < iterations) & (_clock.now() < until)
+        ready = todo & trainer.ready(state)
+        if event_driven:
+            # The next event: the first step to end, or a message reaching an
+            # agent that waits (it may make it ready).
+            ends = jnp.where(ready, _clock.now() + _clock.compute_time(state.iteration),
+                             jnp.inf)
+            wakes = jnp.where(todo & ~ready, _windows.next_arrival(), jnp.inf)
+            t = lax.pmin(jnp.minimum(ends, wakes), axis).astype(jnp.result_type(float))
+            go = ready & (ends == t)
+            # The stepping agents' steps end now; the waiting ones waited until now.
+            _clock.set_now(jnp.where(go | (todo & ~ready), jnp.maximum(_clock.now(), t),
+                                     _clock.now()))
+        else:
+            go = ready
+            t = jnp.where(lax.pmax(ready, axis), 0.0, jnp.inf)
+            with _clock.stepping(go):
+                _clock.set_now(_clock.now() + _clock.compute_time(state.iteration))
+        with _clock.stepping(go):
+            new = trainer.step(state, grad_fn)
+        state = jax.tree.map(lambda old, new: jnp.where(go, new, old), state, new)
+        return state, t
+
+    def body(carry):
+        # The windows and the clock travel in the carry: a while_loop body may
+        # not update the references outside it.
+        state, t, windows, clock = carry
+        with _windows.local_refs(windows) as read_windows, \
+                _clock.local_ref(clock) as read_clock:
+            state, t = tick((state, t))
+            return state, t, read_windows(), read_clock()
+
+    def more(carry):
+        state, t = carry[:2]
+        return lax.pmax(state.iteration < iterations, axis) & (t < jnp.inf)  # t: last tick
+
+    session = _clock.current()
+    clock = None if session.now is None else session.now[...]
+    state, _, windows, clock = lax.while_loop(more, body, (
+        state, jnp.zeros([], jnp.result_type(float)), _windows.values(), clock))
+    _windows.store(windows)
+    if clock is not None:
+        session.now[...] = clock
+    return state

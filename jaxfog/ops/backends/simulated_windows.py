@@ -164,10 +164,14 @@ def _row(matrix: np.ndarray, sim: _context.Simulation):
     return jnp.asarray(matrix)[sim.rank]
 
 
-def _sources_of(sim: _context.Simulation, src_ranks: tuple[int, ...] | None) -> np.ndarray:
+def _sources_of(sim: _context.Simulation, src_ranks: tuple[int, ...] | None,
+               table: tuple[tuple[int, ...], ...] | None = None) -> np.ndarray:
     n = sim.size
     sources = np.zeros((n, n), bool)
-    if src_ranks is not None:
+    if table is not None:
+        for i, row in enumerate(table):
+            sources[i, list(row)] = True
+    elif src_ranks is not None:
         sources[:, list(src_ranks)] = True
     else:
         graphs = (sim.topology.entries if isinstance(sim.topology, T.Schedule)
@@ -184,7 +188,7 @@ def win_create(sim: _context.Simulation, leaves: list, treedef: Any,
     if args.name in session.windows:
         raise ValueError(f"{args.what}: window {args.name!r} exists already (win_free it "
                          "first)")
-    sources = _sources_of(sim, args.src_ranks)
+    sources = _sources_of(sim, args.src_ranks, args.src_table)
     spec = _window_spec.WindowSpec.make(args.name, treedef, _window_spec.layout(leaves),
                                         args.with_weight, sources, sim.topology)
     n, has = sim.size, _row(sources, sim)
@@ -235,6 +239,9 @@ def _peer_rows(peers: _args.Peers | None, default: np.ndarray, sim: _context.Sim
     if peers is None:
         mask = default != 0
         return _row(mask, sim), _row(default, sim), mask
+    if isinstance(peers.mask, np.ndarray) and peers.mask.ndim == 2:  # a rank-indexed table
+        mask = peers.mask & ~np.eye(n, dtype=bool)
+        return _row(mask, sim), _row(np.where(mask, peers.weights, 0.0), sim), mask
     if isinstance(peers.mask, np.ndarray):  # the same ranks for every agent
         mask = np.broadcast_to(peers.mask, (n, n)) & ~np.eye(n, dtype=bool)
         return _row(mask, sim), jnp.asarray(peers.weights) * not_self, mask
