@@ -58,6 +58,10 @@ ASYNC_MIN_BYTES = 1 << 16
 #: reuse warm pages; ``0`` leaves malloc as it is.
 KEEP_FREED_BYTES_ENV = "JAXFOG_KEEP_FREED_BYTES"
 KEEP_FREED_BYTES = 512 << 20
+#: Bytes of free scratch buffers (received messages, packed copies) jaxfog's
+#: C++ library keeps for reuse; larger or older ones are freed (scratch.h).
+SCRATCH_KEEP_BYTES_ENV = "JAXFOG_SCRATCH_KEEP_BYTES"
+SCRATCH_KEEP_BYTES = 256 << 20
 
 # Communicator ids in the C++ registry: the world duplicate, the ranks of this
 # machine, and the machines' local rank 0s (registered on those ranks only).
@@ -170,6 +174,16 @@ def _keep_freed_bytes_from_env() -> int:
     return int(text)
 
 
+def _scratch_keep_bytes_from_env() -> int:
+    text = os.environ.get(SCRATCH_KEEP_BYTES_ENV, "").strip()
+    if not text:
+        return SCRATCH_KEEP_BYTES
+    if not text.isdigit():
+        raise ValueError(f"{SCRATCH_KEEP_BYTES_ENV}={text!r} must be a number of bytes "
+                         "(0: keep no scratch buffer)")
+    return int(text)
+
+
 def _faked_nodes_per_machine(size: int) -> int | None:
     for name in NODES_PER_MACHINE_ENV:
         text = os.environ.get(name)
@@ -261,6 +275,7 @@ def init(topology: T.Topology | Any | None = None) -> None:
         keep = _keep_freed_bytes_from_env()
         if keep:
             lib.jaxfog_keep_freed_memory(keep)
+        lib.jaxfog_set_scratch_keep_bytes(_scratch_keep_bytes_from_env())
         ffi.start_timeline(rank)  # JAXFOG_TIMELINE
     except BaseException:
         _release(lib, comms, python_comm)

@@ -1,10 +1,14 @@
 """The hot path does not fault in fresh pages every call: freed memory stays in
 the process (JAXFOG_KEEP_FREED_BYTES), so MPI's temporaries and XLA's new
-outputs land on pages already mapped."""
+outputs land on pages already mapped. And an op that runs out of memory for
+its buffers fails with an error naming it, on the communication thread as
+inline, and the rank goes on."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from jaxfog.testing import run_mpi
 
@@ -47,3 +51,53 @@ def test_steady_state_steps_reuse_mapped_pages(tmp_path):
     returned = _faults(tmp_path, "0")  # malloc as it is
     # Measured here: 0-154 against 500-880 faults per step (1024 pages a buffer).
     assert kept < 300 and kept < returned / 2, (kept, returned)
+
+
+def out_of_memory_body():
+    import resource
+
+    import jax.numpy as jnp
+    import numpy as np
+    import pytest
+
+    import jaxfog as jf
+
+    jf.init()
+    r, n = jf.rank(), jf.size()
+    count = 16 << 20  # float32: 64 MiB a message; the op's receive buffer is as large
+    x = jnp.full(count, float(r))
+    step = jf.jit(lambda x: jf.neighbor_allreduce(x, self_weight=0.5, src_weights={1 - r: 0.5}))
+    step(x).block_until_ready()  # compiled, threads and their malloc arenas made
+    want = np.full(4, 0.5)
+
+    def mapped_bytes() -> int:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) << 10
+        raise RuntimeError("no VmSize")
+
+    # A real memory limit (as under ulimit -v or a container's): room for XLA's
+    # output and some slack, not for the op's receive buffer. No scratch buffer
+    # is kept between calls (JAXFOG_SCRATCH_KEEP_BYTES=0), so the op allocates
+    # one, fails with std::bad_alloc, and the rank must get an error, not die.
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (mapped_bytes() + 4 * count + 2 * count, hard))
+    try:
+        with pytest.raises(Exception, match=r"jaxfog neighbor_allreduce: out of memory for its "
+                                            r"buffers \(std::bad_alloc\)"):
+            step(x).block_until_ready()
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    # Every rank failed before sending anything: they are still in step.
+    np.testing.assert_allclose(np.asarray(step(x)[:4]), want)
+    jf.barrier()
+
+
+@pytest.mark.parametrize("async_min_bytes", ["0", "off"])
+def test_an_op_out_of_memory_fails_with_an_error_and_the_rank_goes_on(async_min_bytes):
+    # "0": the op runs on the communication thread; "off": inline in XLA's.
+    result = run_mpi(2, __file__, "out_of_memory_body", timeout=120,
+                     env={"JAXFOG_SCRATCH_KEEP_BYTES": "0",
+                          "JAXFOG_ASYNC_MIN_BYTES": async_min_bytes})
+    assert result.ok, result.report()

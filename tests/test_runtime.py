@@ -38,6 +38,13 @@ def test_keep_freed_bytes_must_be_a_number(fresh, monkeypatch):
     assert not jf.is_initialized()
 
 
+def test_scratch_keep_bytes_must_be_a_number(fresh, monkeypatch):
+    monkeypatch.setenv("JAXFOG_SCRATCH_KEEP_BYTES", "1GB")
+    with pytest.raises(ValueError, match="JAXFOG_SCRATCH_KEEP_BYTES='1GB' must be a number"):
+        jf.init()
+    assert not jf.is_initialized()
+
+
 def test_size_one_without_a_launcher(fresh):
     jf.init()
     assert (jf.rank(), jf.size(), jf.local_size(), jf.machine_size()) == (0, 1, 1, 1)

@@ -21,6 +21,7 @@
 #endif
 #include "ops.h"
 #include "registry.h"
+#include "scratch.h"
 #include "status.h"
 #include "timeline.h"
 #include "traffic.h"
@@ -140,6 +141,11 @@ __attribute__((visibility("default"))) void jaxfog_set_async_min_bytes(int64_t b
 
 __attribute__((visibility("default"))) int64_t jaxfog_async_min_bytes() {
   return jaxfog::CommThread::Global().inline_below();
+}
+
+// Keeps at most `bytes` of free scratch buffers for reuse (scratch.h).
+__attribute__((visibility("default"))) void jaxfog_set_scratch_keep_bytes(int64_t bytes) {
+  jaxfog::ScratchPool::Global().set_keep_bytes(static_cast<size_t>(std::max<int64_t>(bytes, 0)));
 }
 
 // The MPI library version string of the MPI this library is linked against.

@@ -1,6 +1,6 @@
 // What every pytree handler decodes from its XLA FFI call frame: its leaves
-// (through host staging when a Staging is installed), and the bindings the
-// handlers share. Used by the MPI handlers (handlers.cc) and the NCCL ones.
+// (through `staging` when the call is host-staged; null otherwise), and the
+// bindings the handlers share. Used by the MPI handlers (handlers.cc) and the NCCL ones.
 #ifndef JAXFOG_FFI_CALL_H_
 #define JAXFOG_FFI_CALL_H_
 
@@ -31,7 +31,8 @@ struct Leaf {
   void* out;       // null for inputs
 };
 
-inline ffi::ErrorOr<std::vector<Leaf>> Inputs(ffi::RemainingArgs args, const char* op) {
+inline ffi::ErrorOr<std::vector<Leaf>> Inputs(Staging* staging, ffi::RemainingArgs args,
+                                               const char* op) {
   std::vector<Leaf> leaves;
   std::vector<ConstPiece> pieces;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -45,12 +46,12 @@ inline ffi::ErrorOr<std::vector<Leaf>> Inputs(ffi::RemainingArgs args, const cha
                       nullptr, nullptr});
     pieces.push_back({buffer.untyped_data(), buffer.size_bytes()});
   }
-  JAXFOG_RETURN_IF_ERROR_OR(StageInputs(&pieces));
+  JAXFOG_RETURN_IF_ERROR_OR(StageInputs(staging, &pieces));
   for (size_t i = 0; i < leaves.size(); ++i) leaves[i].in = pieces[i].data;
   return leaves;
 }
 
-inline ffi::ErrorOr<std::vector<Leaf>> Outputs(ffi::RemainingRets rets) {
+inline ffi::ErrorOr<std::vector<Leaf>> Outputs(Staging* staging, ffi::RemainingRets rets) {
   std::vector<Leaf> leaves;
   std::vector<Piece> pieces;
   for (size_t i = 0; i < rets.size(); ++i) {
@@ -59,25 +60,25 @@ inline ffi::ErrorOr<std::vector<Leaf>> Outputs(ffi::RemainingRets rets) {
     leaves.push_back({b.element_type(), b.element_count(), b.size_bytes(), nullptr, nullptr});
     pieces.push_back({b.untyped_data(), b.size_bytes()});
   }
-  StageOutputs(&pieces);
+  StageOutputs(staging, &pieces);
   for (size_t i = 0; i < leaves.size(); ++i) leaves[i].out = pieces[i].data;
   return leaves;
 }
 
 // Reads the scalar input at `data`.
 template <typename T>
-ffi::ErrorOr<T> InputScalar(const void* data) {
+ffi::ErrorOr<T> InputScalar(Staging* staging, const void* data) {
   std::vector<ConstPiece> pieces{{data, sizeof(T)}};
-  JAXFOG_RETURN_IF_ERROR_OR(StageInputs(&pieces));
+  JAXFOG_RETURN_IF_ERROR_OR(StageInputs(staging, &pieces));
   T value;
   std::memcpy(&value, pieces[0].data, sizeof(T));
   return value;
 }
 
 // Where to write the result at `data`.
-inline void* OutputAt(void* data, size_t bytes) {
+inline void* OutputAt(Staging* staging, void* data, size_t bytes) {
   std::vector<Piece> pieces{{data, bytes}};
-  StageOutputs(&pieces);
+  StageOutputs(staging, &pieces);
   return pieces[0].data;
 }
 

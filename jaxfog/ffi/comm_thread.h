@@ -5,8 +5,16 @@
 // work to this thread and return an `ffi::Future`: XLA goes on with every
 // thunk that does not depend on the result (awc's exchange of x beside the
 // forward and backward pass) and resumes the dependants when the future is
-// ready. All jaxfog ops are ordered by the effect token, so at most one piece
-// of work is outstanding and one thread keeps the order every rank expects.
+// ready. Within a computation the effect token orders every op; across
+// computations dispatched one after another (jaxfog.jit calls that are not
+// waited for) only PjRt's scheduling does, and it promises nothing about work
+// still pending in a future. So work runs in the order it was handed over,
+// inline or not: a small op runs inline only when nothing is queued or
+// running, otherwise it queues behind what came before it. One sequence, the
+// same on every rank.
+//
+// Work that throws (std::bad_alloc from a scratch buffer, anything else) fails
+// its op with an error naming the exception; the thread goes on.
 #ifndef JAXFOG_FFI_COMM_THREAD_H_
 #define JAXFOG_FFI_COMM_THREAD_H_
 
@@ -33,12 +41,14 @@ class CommThread {
   static CommThread& Global();
 
   // Messages of fewer than `bytes` run inline on the calling thread (handing
-  // them over costs more than overlapping them can save); negative: always.
+  // them over costs more than overlapping them can save) when no earlier work
+  // is queued or running; negative: always (then nothing is ever queued).
   void set_inline_below(int64_t bytes) { inline_below_.store(bytes); }
   int64_t inline_below() const { return inline_below_.load(); }
 
-  // Runs `work`; the future completes with its error, if any.
-  ffi::Future Run(size_t bytes, Work work);
+  // Runs `work`, op `op` (a static string, for errors) on `bytes` of message;
+  // the future completes with its error, if any.
+  ffi::Future Run(const char* op, size_t bytes, Work work);
 
   // A future that completes once all work handed over so far has finished,
   // whatever the inline threshold (the fence XLA waits on before shutdown).
@@ -54,19 +64,24 @@ class CommThread {
  private:
   CommThread() = default;
   void Loop();
-  ffi::Future Enqueue(Work work);
+  ffi::Future Enqueue(const char* op, Work work);
+  // Runs `work` on the calling thread; `lock` (released meanwhile) held the
+  // mutex with the queue empty and nothing running.
+  ffi::Error RunInline(std::unique_lock<std::mutex>& lock, const char* op, const Work& work);
 
   std::atomic<int64_t> inline_below_{0};
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable idle_;
   struct Item {
+    const char* op;
     Work work;
     ffi::Promise promise;
     int64_t queued_at;  // timeline::Now() at hand-over; -1 when the timeline is off
   };
   std::deque<Item> queue_;
-  bool busy_ = false;
+  bool busy_ = false;        // work is running (here or inline on a caller)
+  bool completing_ = false;  // the thread is completing a future (see Loop)
   std::thread thread_;  // started on first use; never joined (lives until exit)
 };
 

@@ -36,7 +36,7 @@
 namespace jaxfog {
 namespace {
 
-constexpr size_t kAlign = 64;
+constexpr size_t kAlign = ScratchPool::kAlign;
 size_t AlignUp(size_t n, size_t align = kAlign) { return (n + align - 1) / align * align; }
 
 // Offsets of the leaves in a contiguous layout, each at a multiple of
@@ -108,13 +108,14 @@ ffi::ErrorOr<Entry> SelectEntry(int64_t step, F64s self_weights, I64s send_offse
 // An op decoded out of its call frame (which is gone once the handler has
 // returned; the buffers stay alive until the future completes).
 struct Job {
+  OpCode op;     // names the op in the error an exception becomes
   size_t bytes;  // message size, to decide whether to run inline
   CommThread::Work run;
 };
 
 ffi::Future Launch(ffi::ErrorOr<Job> job) {
   if (job.has_error()) return CommThread::Done(job.error());
-  return CommThread::Global().Run(job->bytes, std::move(job->run));
+  return CommThread::Global().Run(OpName(job->op), job->bytes, std::move(job->run));
 }
 
 // What every pytree op decodes first: its communicator and its leaves.
@@ -123,11 +124,11 @@ struct Call {
   std::vector<Leaf> in, out;
 };
 
-ffi::ErrorOr<Call> Decode(int64_t comm_id, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                          OpCode op) {
+ffi::ErrorOr<Call> Decode(Staging* staging, int64_t comm_id, ffi::RemainingArgs args,
+                          ffi::RemainingRets rets, OpCode op) {
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, OpName(op)));
-  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(staging, args, OpName(op)));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(staging, rets));
   return Call{transport, std::move(in), std::move(out)};
 }
 
@@ -137,7 +138,7 @@ ffi::ErrorOr<Call> Decode(int64_t comm_id, ffi::RemainingArgs args, ffi::Remaini
 template <typename Work>
 Job TracedJob(OpCode op, int64_t comm_id, Transport* transport, int64_t signature,
               size_t bytes, Work work) {
-  return Job{bytes, [op, comm_id, transport, signature, bytes, work = std::move(work)] {
+  return Job{op, bytes, [op, comm_id, transport, signature, bytes, work = std::move(work)] {
     timeline::Span span(OpName(op), timeline::Span::kOp);
     timeline::OpArgs* trace = nullptr;
     if (span) {
@@ -151,29 +152,38 @@ Job TracedJob(OpCode op, int64_t comm_id, Transport* transport, int64_t signatur
   }};
 }
 
-// The handler of each op in ops.h: a static Handle, and a static Bind()
-// returning its XLA FFI binding (the attributes, arguments and results Handle
-// takes, in order). An op without one does not compile (see the end).
+// The handler of each op in ops.h: a static Run(staging, args...), the op
+// with its buffers staged through `staging` (null: as they are), a static
+// Handle(args...) = Run(nullptr, args...), and a static Bind() returning its
+// XLA FFI binding (the attributes, arguments and results Handle takes, in
+// order). An op without one does not compile (see the end).
 template <OpCode>
 struct Handler;
 
-// Wraps a Job factory as an asynchronous Handle with the same arguments.
+// Wraps a Job factory as an asynchronous handler with the same arguments.
 template <auto MakeJob>
 struct Async;
-template <typename... Args, ffi::ErrorOr<Job> (*MakeJob)(Args...)>
+template <typename... Args, ffi::ErrorOr<Job> (*MakeJob)(Staging*, Args...)>
 struct Async<MakeJob> {
-  static ffi::Future Handle(Args... args) { return Launch(MakeJob(std::move(args)...)); }
+  static ffi::Future Run(Staging* staging, Args... args) {
+    return Launch(MakeJob(staging, std::move(args)...));
+  }
+  static ffi::Future Handle(Args... args) { return Run(nullptr, std::move(args)...); }
 };
 
 // rank and size: a property of communicator `comm_id`, as an int32 scalar.
 template <int (Transport::*Get)() const>
 struct Property {
-  static ffi::Error Handle(int64_t comm_id, ffi::Result<ffi::BufferR0<ffi::S32>> out) {
+  static ffi::Error Run(Staging* staging, int64_t comm_id,
+                        ffi::Result<ffi::BufferR0<ffi::S32>> out) {
     ffi::ErrorOr<Transport*> transport = LookupTransport(comm_id);
     if (transport.has_error()) return transport.error();
-    *static_cast<int32_t*>(OutputAt(out->typed_data(), sizeof(int32_t))) =
+    *static_cast<int32_t*>(OutputAt(staging, out->typed_data(), sizeof(int32_t))) =
         ((*transport)->*Get)();
     return ffi::Error::Success();
+  }
+  static ffi::Error Handle(int64_t comm_id, ffi::Result<ffi::BufferR0<ffi::S32>> out) {
+    return Run(nullptr, comm_id, out);
   }
   static auto Bind() {
     return ffi::Ffi::Bind().Attr<int64_t>("comm_id").Ret<ffi::BufferR0<ffi::S32>>();
@@ -185,9 +195,9 @@ struct Handler<OpCode::kRank> : Property<&Transport::rank> {};
 template <>
 struct Handler<OpCode::kSize> : Property<&Transport::size> {};
 
-ffi::ErrorOr<Job> BarrierJob(int64_t comm_id, ffi::Token, ffi::Result<ffi::Token>) {
+ffi::ErrorOr<Job> BarrierJob(Staging*, int64_t comm_id, ffi::Token, ffi::Result<ffi::Token>) {
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
-  return Job{0, [transport, comm_id] {
+  return Job{OpCode::kBarrier, 0, [transport, comm_id] {
     timeline::Span span(OpName(OpCode::kBarrier), timeline::Span::kOp);
     if (span) span.args().comm = comm_id;  // not sequenced: no headers, no seq
     return transport->Barrier();
@@ -205,10 +215,14 @@ template <>
 struct Handler<OpCode::kFence> {
   // Completes once every op handed to the communication thread before it has
   // finished; `done` is a result to wait on (always 0).
-  static ffi::Future Handle(ffi::Token, ffi::Result<ffi::Token>,
-                            ffi::Result<ffi::BufferR0<ffi::S32>> done) {
-    *static_cast<int32_t*>(OutputAt(done->typed_data(), sizeof(int32_t))) = 0;
+  static ffi::Future Run(Staging* staging, ffi::Token, ffi::Result<ffi::Token>,
+                         ffi::Result<ffi::BufferR0<ffi::S32>> done) {
+    *static_cast<int32_t*>(OutputAt(staging, done->typed_data(), sizeof(int32_t))) = 0;
     return CommThread::Global().Fence();
+  }
+  static ffi::Future Handle(ffi::Token token, ffi::Result<ffi::Token> out,
+                            ffi::Result<ffi::BufferR0<ffi::S32>> done) {
+    return Run(nullptr, token, out, done);
   }
   static auto Bind() {
     return ffi::Ffi::Bind().Arg<ffi::Token>().Ret<ffi::Token>().Ret<ffi::BufferR0<ffi::S32>>();
@@ -313,15 +327,15 @@ ffi::Error NeighborAllreduce(Transport* transport, const OpInfo& info, const Ent
   return transport->Exchange(info, sends, recvs, &streaming);
 }
 
-ffi::ErrorOr<Job> NeighborAllreduceJob(int64_t comm_id, int64_t signature,
+ffi::ErrorOr<Job> NeighborAllreduceJob(Staging* staging, int64_t comm_id, int64_t signature,
                                        std::string_view layout, F64s self_weights,
                                        I64s send_offsets, I64s send_ranks, F64s send_weights,
                                        I64s recv_offsets, I64s recv_ranks, F64s recv_weights,
                                        ffi::Token, ffi::BufferR0<ffi::S32> step,
                                        ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                                        ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, OpCode::kNeighborAllreduce));
-  JAXFOG_ASSIGN_OR_RETURN(at, InputScalar<int32_t>(step.typed_data()));
+  JAXFOG_ASSIGN_OR_RETURN(call, Decode(staging, comm_id, args, rets, OpCode::kNeighborAllreduce));
+  JAXFOG_ASSIGN_OR_RETURN(at, InputScalar<int32_t>(staging, step.typed_data()));
   JAXFOG_ASSIGN_OR_RETURN(entry, SelectEntry(at, self_weights, send_offsets,
                                              send_ranks, send_weights, recv_offsets,
                                              recv_ranks, recv_weights, call.transport->size()));
@@ -414,11 +428,11 @@ ffi::Error NeighborReduceScatter(Transport* transport, const OpInfo& info,
 // neighbor_allgather and its adjoint take the same arguments; the adjoint's
 // message is the size of its output.
 template <OpCode op>
-ffi::ErrorOr<Job> NeighborGatherJob(int64_t comm_id, int64_t signature,
+ffi::ErrorOr<Job> NeighborGatherJob(Staging* staging, int64_t comm_id, int64_t signature,
                                     std::string_view layout, I64s send_ranks,
                                     I64s recv_ranks, ffi::Token, ffi::RemainingArgs args,
                                     ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, op));
+  JAXFOG_ASSIGN_OR_RETURN(call, Decode(staging, comm_id, args, rets, op));
   std::vector<int64_t> sends(send_ranks.begin(), send_ranks.end());
   std::vector<int64_t> recvs(recv_ranks.begin(), recv_ranks.end());
   constexpr bool adjoint = op == OpCode::kNeighborReduceScatter;
@@ -552,10 +566,11 @@ ffi::Error Allreduce(Transport* transport, const OpInfo& info, bool mean,
   return ffi::Error::Success();
 }
 
-ffi::ErrorOr<Job> AllreduceJob(int64_t comm_id, int64_t signature, std::string_view layout,
-                               bool mean, ffi::Token, ffi::RemainingArgs args,
-                               ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, OpCode::kAllreduce));
+ffi::ErrorOr<Job> AllreduceJob(Staging* staging, int64_t comm_id, int64_t signature,
+                               std::string_view layout, bool mean, ffi::Token,
+                               ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                               ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(call, Decode(staging, comm_id, args, rets, OpCode::kAllreduce));
   const OpInfo info = Info(OpCode::kAllreduce, signature, layout);
   return TracedJob(OpCode::kAllreduce, comm_id, call.transport, signature, TotalBytes(call.in),
                    [=](timeline::OpArgs*) {
@@ -588,10 +603,11 @@ ffi::Error Broadcast(Transport* transport, const OpInfo& info, int64_t root,
   return ffi::Error::Success();
 }
 
-ffi::ErrorOr<Job> BroadcastJob(int64_t comm_id, int64_t signature, std::string_view layout,
-                               int64_t root, ffi::Token, ffi::RemainingArgs args,
-                               ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, OpCode::kBroadcast));
+ffi::ErrorOr<Job> BroadcastJob(Staging* staging, int64_t comm_id, int64_t signature,
+                               std::string_view layout, int64_t root, ffi::Token,
+                               ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                               ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(call, Decode(staging, comm_id, args, rets, OpCode::kBroadcast));
   const OpInfo info = Info(OpCode::kBroadcast, signature, layout);
   return TracedJob(OpCode::kBroadcast, comm_id, call.transport, signature, TotalBytes(call.in),
                    [=](timeline::OpArgs* trace) {
@@ -627,10 +643,10 @@ ffi::Error Allgather(Transport* transport, const OpInfo& info, const std::vector
   return ffi::Error::Success();
 }
 
-ffi::ErrorOr<Job> AllgatherJob(int64_t comm_id, int64_t signature, std::string_view layout,
-                               ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token>,
-                               ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(call, Decode(comm_id, args, rets, OpCode::kAllgather));
+ffi::ErrorOr<Job> AllgatherJob(Staging* staging, int64_t comm_id, int64_t signature,
+                               std::string_view layout, ffi::Token, ffi::RemainingArgs args,
+                               ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
+  JAXFOG_ASSIGN_OR_RETURN(call, Decode(staging, comm_id, args, rets, OpCode::kAllgather));
   const OpInfo info = Info(OpCode::kAllgather, signature, layout);
   return TracedJob(OpCode::kAllgather, comm_id, call.transport, signature, TotalBytes(call.in),
                    [=](timeline::OpArgs*) {
@@ -652,11 +668,12 @@ struct WindowCall {
   std::vector<Leaf> in, out;
 };
 
-ffi::ErrorOr<WindowCall> DecodeWindow(int64_t win_id, ffi::RemainingArgs args,
-                                      ffi::RemainingRets rets, OpCode op) {
+ffi::ErrorOr<WindowCall> DecodeWindow(Staging* staging, int64_t win_id,
+                                      ffi::RemainingArgs args, ffi::RemainingRets rets,
+                                      OpCode op) {
   JAXFOG_ASSIGN_OR_RETURN(window, LookupWindow(win_id));
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, OpName(op)));
-  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(staging, args, OpName(op)));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(staging, rets));
   const auto& leaves = window->layout().leaves;
   bool same = in.size() == leaves.size();
   for (size_t l = 0; same && l < in.size(); ++l) {
@@ -696,12 +713,13 @@ ffi::Error ScaleRegion(const WindowLayout& layout, char* dst, const char* src, d
 // my p := self_weight * p. No results: the op's value, self_weight * x, is
 // XLA's to compute (fused, or x itself), not a copy made here.
 template <bool kAccumulate>
-ffi::ErrorOr<Job> WinPutJob(int64_t win_id, double self_weight, I64s dst_ranks, I64s dst_regions,
-                            F64s dst_weights, bool require_mutex, ffi::Token,
+ffi::ErrorOr<Job> WinPutJob(Staging* staging, int64_t win_id, double self_weight,
+                            I64s dst_ranks, I64s dst_regions, F64s dst_weights,
+                            bool require_mutex, ffi::Token,
                             ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                             ffi::RemainingRets rets) {
   constexpr OpCode kOp = kAccumulate ? OpCode::kWinAccumulate : OpCode::kWinPut;
-  JAXFOG_ASSIGN_OR_RETURN(call, DecodeWindow(win_id, args, rets, kOp));
+  JAXFOG_ASSIGN_OR_RETURN(call, DecodeWindow(staging, win_id, args, rets, kOp));
   if (dst_ranks.size() != dst_regions.size() || dst_ranks.size() != dst_weights.size()) {
     return ffi::Unexpected<ffi::Error>(Malformed(kOp));
   }
@@ -719,7 +737,7 @@ ffi::ErrorOr<Job> WinPutJob(int64_t win_id, double self_weight, I64s dst_ranks, 
     return ffi::Unexpected<ffi::Error>(Malformed(kOp));
   }
   if (into_values && !kAccumulate) return ffi::Unexpected<ffi::Error>(Malformed(kOp));
-  return Job{TotalBytes(call.in), [=]() -> ffi::Error {
+  return Job{kOp, TotalBytes(call.in), [=]() -> ffi::Error {
     timeline::Span span(OpName(kOp), timeline::Span::kOp);
     Window* window = call.window;
     const WindowLayout& layout = window->layout();
@@ -792,7 +810,7 @@ struct Handler<OpCode::kWinAccumulate> : Async<WinPutJob<true>> {
 
 // win_get: my slot for j := w_j * (j's published value and p), for each
 // source j; counts a version on each slot written.
-ffi::ErrorOr<Job> WinGetJob(int64_t win_id, double, I64s src_ranks, I64s src_regions,
+ffi::ErrorOr<Job> WinGetJob(Staging*, int64_t win_id, double, I64s src_ranks, I64s src_regions,
                             F64s src_weights, bool require_mutex, ffi::Token,
                             ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                             ffi::RemainingRets rets) {
@@ -809,7 +827,7 @@ ffi::ErrorOr<Job> WinGetJob(int64_t win_id, double, I64s src_ranks, I64s src_reg
   std::vector<int> ranks = Ranks(src_ranks);
   std::vector<int64_t> regions(src_regions.begin(), src_regions.end());
   std::vector<double> weights(src_weights.begin(), src_weights.end());
-  return Job{window->region_bytes() * ranks.size(), [=]() -> ffi::Error {
+  return Job{OpCode::kWinGet, window->region_bytes() * ranks.size(), [=]() -> ffi::Error {
     timeline::Span span("win_get", timeline::Span::kOp);
     const size_t region_bytes = window->region_bytes();
     ScopedMutex mutex(window, require_mutex ? ranks : std::vector<int>{});
@@ -852,11 +870,12 @@ struct Handler<OpCode::kWinGet> : Async<WinGetJob> {
 // mutex with `require_mutex`, which keeps mutex-protected writes out); my
 // published value and p := the result; the versions of the slots read := 0;
 // `reset` zeroes those slots.
-ffi::ErrorOr<Job> WinUpdateJob(int64_t win_id, double self_weight, I64s src_regions,
-                               F64s src_weights, bool reset, bool require_mutex, ffi::Token,
+ffi::ErrorOr<Job> WinUpdateJob(Staging* staging, int64_t win_id, double self_weight,
+                               I64s src_regions, F64s src_weights, bool reset,
+                               bool require_mutex, ffi::Token,
                                ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                                ffi::RemainingRets rets) {
-  JAXFOG_ASSIGN_OR_RETURN(call, DecodeWindow(win_id, args, rets, OpCode::kWinUpdate));
+  JAXFOG_ASSIGN_OR_RETURN(call, DecodeWindow(staging, win_id, args, rets, OpCode::kWinUpdate));
   Window* window = call.window;
   if (src_regions.size() != src_weights.size()) {
     return ffi::Unexpected<ffi::Error>(Malformed(OpCode::kWinUpdate));
@@ -868,7 +887,7 @@ ffi::ErrorOr<Job> WinUpdateJob(int64_t win_id, double self_weight, I64s src_regi
       return ffi::Unexpected<ffi::Error>(Malformed(OpCode::kWinUpdate));
     }
   }
-  return Job{TotalBytes(call.in), [=]() -> ffi::Error {
+  return Job{OpCode::kWinUpdate, TotalBytes(call.in), [=]() -> ffi::Error {
     timeline::Span span("win_update", timeline::Span::kOp);
     const WindowLayout& layout = window->layout();
     const size_t region_bytes = window->region_bytes();
@@ -928,7 +947,7 @@ struct Handler<OpCode::kWinUpdate> : Async<WinUpdateJob> {
 // win_version / win_weight inside a trace: this rank's version counters (one
 // per slot, int32 or int64) and push-sum weight (float32 or float64; 0
 // without one), read under the local locks in program order.
-ffi::ErrorOr<Job> WinStateJob(int64_t win_id, ffi::Token, ffi::Result<ffi::Token>,
+ffi::ErrorOr<Job> WinStateJob(Staging* staging, int64_t win_id, ffi::Token, ffi::Result<ffi::Token>,
                               ffi::Result<ffi::AnyBuffer> versions,
                               ffi::Result<ffi::AnyBuffer> weight) {
   JAXFOG_ASSIGN_OR_RETURN(window, LookupWindow(win_id));
@@ -939,9 +958,9 @@ ffi::ErrorOr<Job> WinStateJob(int64_t win_id, ffi::Token, ffi::Result<ffi::Token
       (weight_type != ffi::DataType::F32 && weight_type != ffi::DataType::F64)) {
     return ffi::Unexpected<ffi::Error>(Malformed(OpCode::kWinState));
   }
-  void* counts = OutputAt(versions->untyped_data(), versions->size_bytes());
-  void* p = OutputAt(weight->untyped_data(), weight->size_bytes());
-  return Job{0, [=]() -> ffi::Error {
+  void* counts = OutputAt(staging, versions->untyped_data(), versions->size_bytes());
+  void* p = OutputAt(staging, weight->untyped_data(), weight->size_bytes());
+  return Job{OpCode::kWinState, 0, [=]() -> ffi::Error {
     std::vector<int64_t> read(window->slots());
     JAXFOG_RETURN_IF_ERROR(window->ReadVersions(read.data()));
     for (int64_t s = 0; s < window->slots(); ++s) {
@@ -987,25 +1006,21 @@ ffi::Error Wait(ffi::Future future) {
   return done.get_future().get();
 }
 
-// Runs a handler with its buffers staged through the host by `copier`: its
+// Runs op `op` with its buffers staged through the host by `copier`: its
 // inputs are copied to the host as it decodes them, the op runs (on the
 // communication thread, in order with every other op) and this thread waits
 // for it, then the outputs are copied back. Synchronous: the host scratch
 // must outlive the copies.
-template <typename Handle>
-struct StagedCall;
-template <typename R, typename... Args>
-struct StagedCall<R (*)(Args...)> {
-  template <R (*handle)(Args...)>
+template <OpCode op, typename Signature = decltype(&Handler<op>::Handle)>
+struct Staged;
+template <OpCode op, typename R, typename... Args>
+struct Staged<op, R (*)(Args...)> {
   static ffi::Error Run(DeviceCopier* copier, Args... args) {
     Staging staging(copier);
-    JAXFOG_RETURN_IF_ERROR(Wait(handle(std::move(args)...)));
+    JAXFOG_RETURN_IF_ERROR(Wait(Handler<op>::Run(&staging, std::move(args)...)));
     return staging.Finish();
   }
 };
-
-template <OpCode op>
-using StagedOf = StagedCall<decltype(&Handler<op>::Handle)>;
 
 // Op `op` over host memory standing in for a device (JAXFOG_HOST_STAGING=1):
 // the staged path's code, testable on CPU machines.
@@ -1015,7 +1030,7 @@ template <OpCode op, typename R, typename... Args>
 struct HostStaged<op, R (*)(Args...)> {
   static ffi::Error Handle(Args... args) {
     HostCopier copier;
-    return StagedOf<op>::template Run<&Handler<op>::Handle>(&copier, std::move(args)...);
+    return Staged<op>::Run(&copier, std::move(args)...);
   }
   static auto Bind() { return Handler<op>::Bind(); }
 };
@@ -1034,7 +1049,7 @@ struct CudaStaged<op, R (*)(Args...)> {
                             ": this library was built without CUDA; rebuild jaxfog with the "
                             "CUDA toolkit (JAXFOG_CUDA_HOME) to run ops on GPU arrays");
     }
-    return StagedOf<op>::template Run<&Handler<op>::Handle>(copier.get(), std::move(args)...);
+    return Staged<op>::Run(copier.get(), std::move(args)...);
   }
   static auto Bind() { return Handler<op>::Bind().template Ctx<ffi::PlatformStream<void*>>(); }
 };

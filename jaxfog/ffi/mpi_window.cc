@@ -210,11 +210,15 @@ ffi::Error MpiWindow::Acquire(std::vector<int> ranks) {
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
   std::vector<int> taken;
   for (int peer : ranks) {
-    JAXFOG_RETURN_IF_ERROR(CheckRegion(peer, 0));
+    if (ffi::Error bad = CheckRegion(peer, 0); !bad.success()) {
+      Release(taken);
+      return bad;
+    }
+    std::lock_guard<std::mutex> taking(taking_[peer]);  // see taking_
     {
       std::lock_guard<std::mutex> guard(held_mutex_);
-      if (held_[peer] > 0) {
-        ++held_[peer];
+      if (auto it = held_.find(peer); it != held_.end()) {
+        ++it->second;
         taken.push_back(peer);
         continue;
       }
@@ -244,7 +248,7 @@ ffi::Error MpiWindow::Acquire(std::vector<int> ranks) {
       pause = std::min(pause * 2, std::chrono::microseconds(1000));
     }
     std::lock_guard<std::mutex> guard(held_mutex_);
-    held_[peer] = 1;
+    held_.emplace(peer, 1);
     taken.push_back(peer);
   }
   return ffi::Error::Success();

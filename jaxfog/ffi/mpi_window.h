@@ -48,7 +48,7 @@ class MpiWindow final : public Window {
             double timeout_seconds)
       : Window(std::move(layout)), data_(data), base_(base), control_(control),
         control_base_(control_base), rank_(rank), peer_slots_(std::move(peer_slots)),
-        timeout_seconds_(timeout_seconds) {}
+        timeout_seconds_(timeout_seconds), taking_(peer_slots_.size()) {}
   ffi::Error CheckRegion(int peer, int64_t region) const;
   // Tries once to take `peer`'s mutex; true when taken.
   ffi::ErrorOr<bool> TryAcquire(int peer);
@@ -60,7 +60,15 @@ class MpiWindow final : public Window {
   int rank_;
   std::vector<int64_t> peer_slots_;  // every rank's slot count
   double timeout_seconds_;
-  std::mutex held_mutex_;  // Acquire/Release come from the comm thread and Python
+  // Acquire and Release come from two threads: the communication thread (ops
+  // with require_mutex) and Python (win_mutex). Taking a peer's mutex is one
+  // step under taking_[peer]: look at held_, compare-and-swap until taken,
+  // record it in held_. Were the look and the record separate, both threads
+  // could find it not held here, and the one that lost the compare-and-swap
+  // would wait for its own rank until the timeout. held_mutex_ guards held_
+  // alone (Release takes only it, so it never waits behind a spinning Acquire).
+  std::vector<std::mutex> taking_;  // one per rank of the communicator
+  std::mutex held_mutex_;
   std::map<int, int> held_;  // mutexes this rank holds, with their hold counts
 };
 

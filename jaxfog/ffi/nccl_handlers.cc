@@ -36,8 +36,8 @@ ffi::ErrorOr<NcclCall> Decode(int64_t comm_id, const char* op, ffi::RemainingArg
         std::string("jaxfog ") + op + ": communicator " + std::to_string(comm_id) +
             " is not an NCCL communicator"));
   }
-  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(args, op));
-  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(rets));
+  JAXFOG_ASSIGN_OR_RETURN(in, Inputs(/*staging=*/nullptr, args, op));
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(/*staging=*/nullptr, rets));
   if (in.size() != out.size()) {
     return ffi::Unexpected<ffi::Error>(
         ffi::Error::InvalidArgument(std::string("jaxfog ") + op + ": malformed call"));
@@ -79,9 +79,8 @@ ffi::Error Exchange(int64_t comm_id, int64_t signature, std::string_view layout,
       recvs[j].pieces.push_back({static_cast<char*>(out.out) + j * recv_block, recv_block});
     }
   }
-  NcclTransport::StreamScope scope(stream);
   return call.transport->Exchange(Info(OpCode::kNeighborAllgather, signature, layout), sends,
-                                  recvs);
+                                  recvs, stream);
 }
 
 // A collective op on every leaf: one header check, one NCCL group; `enqueue`
@@ -92,15 +91,16 @@ ffi::Error Collective(OpCode op, int64_t comm_id, int64_t signature, std::string
                       ffi::RemainingArgs args, ffi::RemainingRets rets, cudaStream_t stream,
                       Figure figure, Enqueue enqueue) {
   JAXFOG_ASSIGN_OR_FAIL(call, Decode(comm_id, OpName(op), args, rets));
-  NcclTransport::StreamScope scope(stream);
   NcclTransport* nccl = call.transport;
   const OpInfo info = Info(op, signature, layout);
-  return nccl->Collective(info, std::invoke(figure, *nccl, TotalBytes(call.in)), [&](cudaStream_t s) -> ffi::Error {
-    for (size_t l = 0; l < call.in.size(); ++l) {
-      JAXFOG_RETURN_IF_ERROR(enqueue(nccl, call.in[l], call.out[l], s));
-    }
-    return ffi::Error::Success();
-  });
+  return nccl->Collective(info, std::invoke(figure, *nccl, TotalBytes(call.in)),
+                          [&]() -> ffi::Error {
+                            for (size_t l = 0; l < call.in.size(); ++l) {
+                              JAXFOG_RETURN_IF_ERROR(
+                                  enqueue(nccl, call.in[l], call.out[l], stream));
+                            }
+                            return ffi::Error::Success();
+                          });
 }
 
 // out[l] = the sum over ranks of in[l].

@@ -11,9 +11,6 @@
 namespace jaxfog {
 namespace {
 
-thread_local cudaStream_t current_stream = nullptr;
-thread_local bool stream_set = false;
-
 ffi::ErrorOr<ncclDataType_t> NcclType(ffi::DataType type) {
   switch (type) {
     case ffi::DataType::F16: return ncclFloat16;
@@ -57,32 +54,13 @@ NcclTransport::~NcclTransport() {
   }
 }
 
-NcclTransport::StreamScope::StreamScope(cudaStream_t stream)
-    : previous_(current_stream), previous_set_(stream_set) {
-  current_stream = stream;
-  stream_set = true;
-}
-
-NcclTransport::StreamScope::~StreamScope() {
-  current_stream = previous_;
-  stream_set = previous_set_;
-}
-
-ffi::ErrorOr<cudaStream_t> NcclTransport::Stream(const char* op) const {
-  if (!stream_set) {
-    return ffi::Unexpected<ffi::Error>(ffi::Error::Internal(
-        std::string("jaxfog ") + op + ": no CUDA stream (NCCL transport used off a GPU handler)"));
-  }
-  return current_stream;
+ffi::Error NcclTransport::NoStream(const OpInfo& info) {
+  return ffi::Error::Internal(std::string("jaxfog ") + OpName(info.op) +
+                              ": an NCCL communicator used off a GPU handler (no CUDA stream)");
 }
 
 ffi::Error NcclTransport::Exchange(const OpInfo& info, const std::vector<SendSpec>& sends,
-                                   const std::vector<RecvSpec>& recvs,
-                                   const Streaming* streaming) {
-  if (streaming) {
-    return ffi::Error::Internal("jaxfog: the NCCL transport does not stream on the host");
-  }
-  JAXFOG_ASSIGN_OR_FAIL(stream, Stream(OpName(info.op)));
+                                   const std::vector<RecvSpec>& recvs, cudaStream_t stream) {
   // Headers: the same exchange, without data, over MPI.
   std::vector<SendSpec> header_sends;
   std::vector<RecvSpec> header_recvs;
@@ -124,11 +102,10 @@ ffi::Error NcclTransport::Grouped(const std::function<ffi::Error()>& enqueue) {
 }
 
 ffi::Error NcclTransport::Collective(const OpInfo& info, int64_t bytes,
-                                     const std::function<ffi::Error(cudaStream_t)>& enqueue) {
-  JAXFOG_ASSIGN_OR_FAIL(stream, Stream(OpName(info.op)));
+                                     const std::function<ffi::Error()>& enqueue) {
   // Header check: every rank runs the same op and signature (no data).
   JAXFOG_RETURN_IF_ERROR(checks_->Allgather(info, nullptr, nullptr, 0));
-  JAXFOG_RETURN_IF_ERROR(Grouped([&] { return enqueue(stream); }));
+  JAXFOG_RETURN_IF_ERROR(Grouped(enqueue));
   traffic::AddData(info.op, bytes);
   return ffi::Error::Success();
 }
@@ -150,28 +127,6 @@ ffi::Error NcclTransport::EnqueueAllgather(const void* in, void* out, size_t byt
                                            cudaStream_t stream) {
   return NcclError(api_->AllGather(in, out, bytes, ncclUint8, comm_, stream), "ncclAllGather",
                    comm_);
-}
-
-// One buffer each: the Transport interface. comm_stats counts the same
-// logical figures as the MPI transport.
-ffi::Error NcclTransport::Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
-                                    ffi::DataType type) {
-  return Collective(info, AllreduceBytes(count * ffi::ByteWidth(type)), [&](cudaStream_t stream) {
-    return EnqueueAllreduce(in, out, count, type, stream);
-  });
-}
-
-ffi::Error NcclTransport::Broadcast(const OpInfo& info, void* data, size_t bytes, int root) {
-  return Collective(info, BroadcastBytes(bytes, root), [&](cudaStream_t stream) {
-    return EnqueueBroadcast(data, bytes, root, stream);
-  });
-}
-
-ffi::Error NcclTransport::Allgather(const OpInfo& info, const void* in, void* out,
-                                    size_t bytes) {
-  return Collective(info, AllgatherBytes(bytes), [&](cudaStream_t stream) {
-    return EnqueueAllgather(in, out, bytes, stream);
-  });
 }
 
 }  // namespace jaxfog

@@ -1,7 +1,7 @@
 // Transport over an NCCL communicator: one GPU per process, messages in
 // device memory, every send/receive of an op in one NCCL group enqueued on
-// the stream XLA gives the handler (set with StreamScope). Nothing waits on
-// the stream: the call returns once the work is enqueued.
+// the stream XLA gives the handler, which passes it to every call. Nothing
+// waits on the stream: the call returns once the work is enqueued.
 //
 // The header checks of the MPI transport (op, sequence number, signature,
 // sizes) stay, per call: before enqueueing, the same op runs header-only (no
@@ -31,23 +31,16 @@ class NcclTransport final : public Transport {
       const ncclUniqueId& id, int device, std::unique_ptr<Transport> checks);
   ~NcclTransport() override;
 
-  // The stream the calls of this thread enqueue on, while in scope.
-  class StreamScope {
-   public:
-    explicit StreamScope(cudaStream_t stream);
-    ~StreamScope();
-
-   private:
-    cudaStream_t previous_;
-    bool previous_set_;
-  };
-
+  // Exchange (see Transport) enqueued on `stream`: one header check over
+  // MPI, then every send and receive as one NCCL group.
+  ffi::Error Exchange(const OpInfo& info, const std::vector<SendSpec>& sends,
+                      const std::vector<RecvSpec>& recvs, cudaStream_t stream);
   // Enqueues one collective op on several buffers (a pytree's leaves): one
-  // header check of `info` over MPI, then `enqueue(stream)`, which issues the
-  // NCCL calls (the Enqueue* functions), as one NCCL group. `bytes` is the
-  // data each rank hands NCCL (for comm_stats).
+  // header check of `info` over MPI, then `enqueue()`, which issues the NCCL
+  // calls (the Enqueue* functions, on `stream`), as one NCCL group. `bytes`
+  // is the data each rank hands NCCL (for comm_stats).
   ffi::Error Collective(const OpInfo& info, int64_t bytes,
-                        const std::function<ffi::Error(cudaStream_t)>& enqueue);
+                        const std::function<ffi::Error()>& enqueue);
   // What comm_stats counts for a collective on `bytes` of input: the MPI
   // transport's logical figures.
   int64_t AllreduceBytes(size_t bytes) const {
@@ -71,19 +64,25 @@ class NcclTransport final : public Transport {
 
   // A host barrier (over MPI); it does not wait for work on the GPU.
   ffi::Error Barrier() override { return checks_->Barrier(); }
-  ffi::Error Exchange(const OpInfo& info, const std::vector<SendSpec>& sends,
-                      const std::vector<RecvSpec>& recvs,
-                      const Streaming* streaming = nullptr) override;
-  ffi::Error Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
-                       ffi::DataType type) override;
-  ffi::Error Broadcast(const OpInfo& info, void* data, size_t bytes, int root) override;
-  ffi::Error Allgather(const OpInfo& info, const void* in, void* out,
-                       size_t bytes) override;
+  // The Transport interface's data ops have no stream to enqueue on: they
+  // fail (an NCCL communicator used by a host handler). GPU handlers call
+  // the forms above.
+  ffi::Error Exchange(const OpInfo& info, const std::vector<SendSpec>&,
+                      const std::vector<RecvSpec>&, const Streaming*) override {
+    return NoStream(info);
+  }
+  ffi::Error Allreduce(const OpInfo& info, const void*, void*, size_t, ffi::DataType) override {
+    return NoStream(info);
+  }
+  ffi::Error Broadcast(const OpInfo& info, void*, size_t, int) override { return NoStream(info); }
+  ffi::Error Allgather(const OpInfo& info, const void*, void*, size_t) override {
+    return NoStream(info);
+  }
 
  private:
   NcclTransport(const NcclApi* api, ncclComm_t comm, std::unique_ptr<Transport> checks)
       : api_(api), comm_(comm), checks_(std::move(checks)) {}
-  ffi::ErrorOr<cudaStream_t> Stream(const char* op) const;
+  static ffi::Error NoStream(const OpInfo& info);
   // Runs `enqueue` between ncclGroupStart and ncclGroupEnd.
   ffi::Error Grouped(const std::function<ffi::Error()>& enqueue);
 

@@ -26,10 +26,17 @@ class Registry {
     return *registry;
   }
 
-  // Adds (or replaces) the entry under `id`.
+  // Adds (or replaces) the entry under `id`. A replaced entry is destroyed
+  // after the lock is released, as in Take: a window's destructor is
+  // collective, and handlers on other threads look entries up meanwhile.
   void Add(int64_t id, std::unique_ptr<T> item) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    items_[id] = std::move(item);
+    std::unique_ptr<T> replaced;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      std::unique_ptr<T>& slot = items_[id];
+      replaced = std::move(slot);
+      slot = std::move(item);
+    }
   }
 
   // Removes the entry under `id` and returns it (null if none), so that it is

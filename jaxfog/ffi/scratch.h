@@ -1,11 +1,27 @@
-// Reusable host buffers for received messages, so that the hot path does not
-// allocate after the first call of a given size.
+// Reusable host buffers for received messages and packed copies, so that the
+// hot path neither allocates nor faults in fresh pages after the first call of
+// a given size.
+//
+// Buffers are 64-byte aligned: the layouts in handlers.cc and staging.cc put
+// every leaf at a multiple of 64 from the start of its buffer, so that the
+// weighted-sum kernels read cache-line aligned rows.
+//
+// A request takes the smallest free buffer that fits (best fit), and never one
+// more than kMaxSlack times its size, so that a large buffer is not tied up by
+// small requests. Returned buffers are kept while the free ones total at most
+// keep_bytes() (JAXFOG_SCRATCH_KEEP_BYTES, default kDefaultKeepBytes) and
+// number at most kMaxFree; beyond that the least recently returned are freed,
+// and a buffer larger than the cap is freed at once.
 #ifndef JAXFOG_FFI_SCRATCH_H_
 #define JAXFOG_FFI_SCRATCH_H_
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -13,10 +29,21 @@ namespace jaxfog {
 
 class ScratchPool {
  public:
+  static constexpr size_t kAlign = 64;
+  static constexpr size_t kDefaultKeepBytes = size_t{256} << 20;
+  static constexpr size_t kMaxFree = 16;
+  static constexpr size_t kMaxSlack = 4;
+
+  // Frees what operator new(bytes, align_val_t) allocated.
+  struct Free {
+    void operator()(char* data) const { ::operator delete(data, std::align_val_t{kAlign}); }
+  };
+  using Buffer = std::unique_ptr<char, Free>;
+
   // A buffer of at least `bytes`, returned to the pool when destroyed.
   class Lease {
    public:
-    Lease(ScratchPool* pool, std::unique_ptr<char[]> data, size_t capacity)
+    Lease(ScratchPool* pool, Buffer data, size_t capacity)
         : pool_(pool), data_(std::move(data)), capacity_(capacity) {}
     Lease(Lease&&) = default;
     Lease& operator=(Lease&&) = delete;
@@ -24,25 +51,48 @@ class ScratchPool {
       if (data_) pool_->Return(std::move(data_), capacity_);
     }
     char* data() const { return data_.get(); }
+    size_t capacity() const { return capacity_; }
 
    private:
     ScratchPool* pool_;
-    std::unique_ptr<char[]> data_;
+    Buffer data_;
     size_t capacity_;
   };
 
+  explicit ScratchPool(size_t keep_bytes = kDefaultKeepBytes) : keep_bytes_(keep_bytes) {}
+
+  // Throws std::bad_alloc when memory runs out (the communication thread
+  // turns that into the op's error).
   Lease Acquire(size_t bytes) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < free_.size(); ++i) {
-      if (free_[i].second >= bytes) {
-        auto entry = std::move(free_[i]);
-        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
-        return Lease(this, std::move(entry.first), entry.second);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->capacity >= bytes && it->capacity / kMaxSlack <= std::max(bytes, kAlign) &&
+            (best == free_.end() || it->capacity < best->capacity)) {
+          best = it;
+        }
+      }
+      if (best != free_.end()) {
+        Entry entry = std::move(*best);
+        free_.erase(best);
+        free_bytes_ -= entry.capacity;
+        return Lease(this, std::move(entry.data), entry.capacity);
       }
     }
     // Round up so that slightly growing messages reuse the buffer.
-    const size_t capacity = std::max<size_t>(64, bytes + bytes / 8);
-    return Lease(this, std::unique_ptr<char[]>(new char[capacity]), capacity);
+    const size_t capacity = (std::max(kAlign, bytes + bytes / 8) + kAlign - 1) / kAlign * kAlign;
+    Buffer data(static_cast<char*>(::operator new(capacity, std::align_val_t{kAlign})));
+    return Lease(this, std::move(data), capacity);
+  }
+
+  // The most bytes of free buffers kept; takes effect as buffers come back.
+  void set_keep_bytes(size_t bytes) { keep_bytes_.store(bytes, std::memory_order_relaxed); }
+  size_t keep_bytes() const { return keep_bytes_.load(std::memory_order_relaxed); }
+  // Bytes in free buffers now.
+  size_t free_bytes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return free_bytes_;
   }
 
   static ScratchPool& Global() {
@@ -51,14 +101,32 @@ class ScratchPool {
   }
 
  private:
-  void Return(std::unique_ptr<char[]> data, size_t capacity) {
+  struct Entry {
+    Buffer data;
+    size_t capacity;
+  };
+
+  void Return(Buffer data, size_t capacity) {
+    const size_t keep = keep_bytes();
+    if (capacity > keep) return;  // `data` is freed here
+    std::vector<Entry> evicted;   // freed once the lock is released (munmap is slow)
     std::lock_guard<std::mutex> lock(mutex_);
-    constexpr size_t kKeep = 8;
-    if (free_.size() < kKeep) free_.emplace_back(std::move(data), capacity);
+    free_.push_back({std::move(data), capacity});  // most recently returned last
+    free_bytes_ += capacity;
+    size_t drop = 0;
+    while (free_bytes_ > keep || free_.size() - drop > kMaxFree) {
+      free_bytes_ -= free_[drop].capacity;
+      ++drop;
+    }
+    std::move(free_.begin(), free_.begin() + static_cast<std::ptrdiff_t>(drop),
+              std::back_inserter(evicted));
+    free_.erase(free_.begin(), free_.begin() + static_cast<std::ptrdiff_t>(drop));
   }
 
   std::mutex mutex_;
-  std::vector<std::pair<std::unique_ptr<char[]>, size_t>> free_;
+  std::atomic<size_t> keep_bytes_;
+  std::vector<Entry> free_;  // oldest returned first
+  size_t free_bytes_ = 0;
 };
 
 }  // namespace jaxfog

@@ -7,9 +7,6 @@
 #include "timeline.h"
 
 namespace jaxfog {
-namespace {
-thread_local Staging* current_staging = nullptr;
-}  // namespace
 
 ffi::Error HostCopier::ToHost(void* host, const void* device, size_t bytes) {
   if (bytes) std::memcpy(host, device, bytes);
@@ -25,21 +22,14 @@ ffi::Error HostCopier::ToDevice(void* device, const void* host, size_t bytes) {
 std::unique_ptr<DeviceCopier> MakeCudaCopier(void*) { return nullptr; }
 #endif
 
-Staging::Staging(DeviceCopier* copier) : copier_(copier), previous_(current_staging) {
-  current_staging = this;
-}
-
 Staging::~Staging() {
   // A failed op may leave copies in flight into scratch that is about to be
   // returned to the pool.
   if (in_flight_) copier_->Wait();
-  current_staging = previous_;
 }
 
-Staging* Staging::Current() { return current_staging; }
-
 char* Staging::Scratch(const std::vector<size_t>& bytes, std::vector<size_t>* offsets) {
-  constexpr size_t kAlign = 64;
+  constexpr size_t kAlign = ScratchPool::kAlign;
   size_t total = 0;
   for (size_t b : bytes) {
     offsets->push_back(total);
@@ -85,15 +75,6 @@ ffi::Error Staging::Finish() {
   }
   in_flight_ = false;
   return copier_->Wait();
-}
-
-ffi::Error StageInputs(std::vector<ConstPiece>* pieces) {
-  Staging* staging = Staging::Current();
-  return staging ? staging->Inputs(pieces) : ffi::Error::Success();
-}
-
-void StageOutputs(std::vector<Piece>* pieces) {
-  if (Staging* staging = Staging::Current()) staging->Outputs(pieces);
 }
 
 }  // namespace jaxfog

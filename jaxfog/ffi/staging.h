@@ -2,10 +2,10 @@
 // transport (MPI). The handler's inputs are copied to host scratch, the op
 // runs exactly as on CPU, and its outputs are copied back.
 //
-// A Staging installs itself for the calling thread; the handler code reads
-// and writes every buffer through StageInputs/StageOutputs, which leave the
-// pointers alone when no Staging is installed (plain CPU calls). So the staged
-// path is the CPU path plus copies, not a second implementation of the ops.
+// The staged forms of the handlers pass a Staging to the handler code, which
+// reads and writes every buffer through StageInputs/StageOutputs; plain CPU
+// calls pass none, and the pointers are left alone. So the staged path is the
+// CPU path plus copies, not a second implementation of the ops.
 #ifndef JAXFOG_FFI_STAGING_H_
 #define JAXFOG_FFI_STAGING_H_
 
@@ -44,16 +44,13 @@ class HostCopier final : public DeviceCopier {
 // was built without CUDA.
 std::unique_ptr<DeviceCopier> MakeCudaCopier(void* stream);
 
+// The host side of one staged call: its scratch buffers and the copies back.
 class Staging {
  public:
-  // Installs this staging for the calling thread (until destroyed).
-  explicit Staging(DeviceCopier* copier);
+  explicit Staging(DeviceCopier* copier) : copier_(copier) {}
   ~Staging();
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
-
-  // The staging installed for this thread, or null.
-  static Staging* Current();
 
   // Points `pieces` (device inputs) at host copies, in one scratch buffer;
   // the copies are complete when it returns.
@@ -65,21 +62,24 @@ class Staging {
   ffi::Error Finish();
 
  private:
-  // One scratch buffer for `pieces`, each at a cache-line multiple.
+  // One scratch buffer for `pieces`, each at a multiple of 64 bytes.
   char* Scratch(const std::vector<size_t>& bytes, std::vector<size_t>* offsets);
 
   DeviceCopier* copier_;
-  Staging* previous_;
   bool in_flight_ = false;  // copies enqueued, not waited for
   std::vector<ScratchPool::Lease> buffers_;
   std::vector<Piece> device_outputs_;
   std::vector<ConstPiece> host_outputs_;
 };
 
-// What handler code reads and writes: the pieces as given without a Staging
-// (plain CPU calls), host stand-ins under one.
-ffi::Error StageInputs(std::vector<ConstPiece>* pieces);
-void StageOutputs(std::vector<Piece>* pieces);
+// What handler code reads and writes: the pieces as given without a staging
+// (null: plain CPU calls), host stand-ins with one.
+inline ffi::Error StageInputs(Staging* staging, std::vector<ConstPiece>* pieces) {
+  return staging ? staging->Inputs(pieces) : ffi::Error::Success();
+}
+inline void StageOutputs(Staging* staging, std::vector<Piece>* pieces) {
+  if (staging) staging->Outputs(pieces);
+}
 
 }  // namespace jaxfog
 
