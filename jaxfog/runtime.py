@@ -164,23 +164,13 @@ def _async_min_bytes_from_env(local_size: int) -> int:
     return int(text)
 
 
-def _keep_freed_bytes_from_env() -> int:
-    text = os.environ.get(KEEP_FREED_BYTES_ENV, "").strip()
+def _bytes_from_env(name: str, default: int, zero_means: str) -> int:
+    """A number of bytes from environment variable ``name`` (``default`` if unset)."""
+    text = os.environ.get(name, "").strip()
     if not text:
-        return KEEP_FREED_BYTES
+        return default
     if not text.isdigit():
-        raise ValueError(f"{KEEP_FREED_BYTES_ENV}={text!r} must be a number of bytes "
-                         "(0: leave malloc as it is)")
-    return int(text)
-
-
-def _scratch_keep_bytes_from_env() -> int:
-    text = os.environ.get(SCRATCH_KEEP_BYTES_ENV, "").strip()
-    if not text:
-        return SCRATCH_KEEP_BYTES
-    if not text.isdigit():
-        raise ValueError(f"{SCRATCH_KEEP_BYTES_ENV}={text!r} must be a number of bytes "
-                         "(0: keep no scratch buffer)")
+        raise ValueError(f"{name}={text!r} must be a number of bytes (0: {zero_means})")
     return int(text)
 
 
@@ -272,10 +262,12 @@ def init(topology: T.Topology | Any | None = None) -> None:
             else:
                 comms[_gpu.NCCL_COMM_ID] = checks
         lib.jaxfog_set_async_min_bytes(_async_min_bytes_from_env(local_size))
-        keep = _keep_freed_bytes_from_env()
+        keep = _bytes_from_env(KEEP_FREED_BYTES_ENV, KEEP_FREED_BYTES,
+                               "leave malloc as it is")
         if keep:
             lib.jaxfog_keep_freed_memory(keep)
-        lib.jaxfog_set_scratch_keep_bytes(_scratch_keep_bytes_from_env())
+        lib.jaxfog_set_scratch_keep_bytes(_bytes_from_env(
+            SCRATCH_KEEP_BYTES_ENV, SCRATCH_KEEP_BYTES, "keep no scratch buffer"))
         ffi.start_timeline(rank)  # JAXFOG_TIMELINE
     except BaseException:
         _release(lib, comms, python_comm)

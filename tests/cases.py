@@ -55,3 +55,13 @@ def cases(n: int):
            lambda X: matrix(expo.weights.T)(-np.sin(matrix(expo.weights)(X))))
     yield ("vmap inside the agent", jax.vmap(jf.neighbor_allreduce, in_axes=1, out_axes=1),
            matrix(expo.weights))
+
+
+def random_row_stochastic(n: int, rng: np.random.Generator, density: float) -> T.Topology:
+    """A random graph (each edge with probability ``density``) with random
+    row-stochastic weights, not necessarily connected: the same on every rank
+    that draws it from the same ``rng`` stream."""
+    mask = rng.random((n, n)) < density
+    w = np.where(mask, rng.uniform(0.1, 1.0, (n, n)), 0.0)
+    np.fill_diagonal(w, rng.uniform(0.2, 1.0, n))
+    return T.from_weights(w / w.sum(1, keepdims=True), check_connected=False)

@@ -26,17 +26,14 @@ def _mixed_dispatches():
     import numpy as np
 
     import jaxfog as jf
-    import jaxfog.topology as T
+    from cases import random_row_stochastic
 
     jf.init()
     r, n = jf.rank(), jf.size()
     rng = np.random.default_rng(23)  # same stream on every rank
 
     def random_graph():
-        mask = rng.random((n, n)) < 0.6
-        w = np.where(mask, rng.uniform(0.1, 1.0, (n, n)), 0.0)
-        np.fill_diagonal(w, rng.uniform(0.2, 1.0, n))
-        return T.from_weights(w / w.sum(1, keepdims=True), check_connected=False)
+        return random_row_stochastic(n, rng, 0.6)
 
     graphs = [random_graph() for _ in range(3)]
     # float32: 256 B, and 2 MiB, so that large ops queue up behind each other.

@@ -20,16 +20,14 @@ def _many_independent_ops(jit_name: str):
 
     import jaxfog as jf
     import jaxfog.topology as T
+    from cases import random_row_stochastic
 
     jf.init()
     r, n = jf.rank(), jf.size()
     rng = np.random.default_rng(2024)  # same stream on every rank
 
     def random_graph():
-        mask = rng.random((n, n)) < 0.5
-        w = np.where(mask, rng.uniform(0.1, 1.0, (n, n)), 0.0)
-        np.fill_diagonal(w, rng.uniform(0.2, 1.0, n))
-        return T.from_weights(w / w.sum(1, keepdims=True), check_connected=False)
+        return random_row_stochastic(n, rng, 0.5)
 
     schedules = [T.Schedule([random_graph() for _ in range(int(p))])
                  for p in rng.integers(1, 6, 3)]
