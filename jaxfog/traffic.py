@@ -34,7 +34,7 @@ def comm_stats(reset: bool = False) -> dict[str, CommStats]:
     Counted by the MPI transport where it hands data to MPI, so it is what
     the neighbour ops and collectives sent on every call of every compiled
     function, including inside ``scan`` and ``while_loop``. Not counted: the
-    one-sided window ops (MPI RMA) and the 32-byte agreement check each
+    one-sided window ops (MPI RMA) and the 64-byte agreement check each
     collective runs first. Each rank counts its own sends: gather the figures
     with :func:`jaxfog.allgather` for a per-rank table. Read the counters
     between steps: a reset while an op runs may split that op's fields
