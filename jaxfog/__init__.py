@@ -7,7 +7,7 @@ topologies, and one program that runs as n MPI processes (``jaxfog run``).
 import importlib
 from typing import Any
 
-from jaxfog import topology
+from jaxfog import ops, topology
 from jaxfog.errors import JaxfogError, JaxfogTimeoutError
 from jaxfog.runtime import (
     NotInitializedError,
@@ -35,21 +35,18 @@ from jaxfog.traffic import CommStats, comm_stats
 __version__ = "0.1.0"
 
 # Names that need JAX, imported on first use so that `import jaxfog` (and the
-# `jaxfog run` launcher) stays light.
-_OPS = ("allgather", "allreduce", "barrier", "broadcast", "hierarchical_neighbor_allreduce",
-        "neighbor_allgather", "neighbor_allreduce", "pair_gossip")
-_WINDOW_OPS = ("win_accumulate", "win_create", "win_free", "win_get", "win_mutex", "win_put",
-               "win_update", "win_update_then_collect", "win_version", "win_weight")
-_LAZY = {"ops": "jaxfog.ops", "simulate": "jaxfog.sim", "Agents": "jaxfog.sim",
-         "Delays": "jaxfog.sim", "reset_clocks": "jaxfog.sim",
-         "jit": "jaxfog.ops.jit",
-         **{name: "jaxfog.ops" for name in _OPS + _WINDOW_OPS}}
+# `jaxfog run` launcher) stays light. The ops come from jaxfog.ops's one list
+# (itself light); comm_rank and comm_size stay in jaxfog.ops, since
+# jaxfog.rank() and jaxfog.size() answer the same outside a computation.
+_OPS = tuple(name for name in ops.OPS if name not in ("comm_rank", "comm_size"))
+_LAZY = {"simulate": "jaxfog.simulation", "Agents": "jaxfog.simulation",
+         "Delays": "jaxfog.simulation", "reset_clocks": "jaxfog.simulation",
+         "jit": "jaxfog.ops.jit", **{name: "jaxfog.ops" for name in _OPS}}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        module = importlib.import_module(_LAZY[name])
-        return module if name == "ops" else getattr(module, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'jaxfog' has no attribute {name!r}")
 
 
@@ -58,10 +55,11 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = [
-    "Agents", "CommStats", "Delays", "JaxfogError", "JaxfogTimeoutError", "NotInitializedError", *_OPS, *_WINDOW_OPS, "async_min_bytes", "comm_stats", "in_neighbor_ranks", "init",
-    "is_homogeneous", "is_initialized", "jit", "load_machine_topology", "load_topology",
-    "local_rank", "local_size", "machine_rank", "machine_size", "out_neighbor_ranks", "rank",
-    "reset_clocks", "set_async_min_bytes", "set_machine_topology", "set_topology", "shutdown", "simulate",
+__all__ = sorted([
+    "Agents", "CommStats", "Delays", "JaxfogError", "JaxfogTimeoutError", "NotInitializedError",
+    *_OPS, "async_min_bytes", "comm_stats", "in_neighbor_ranks", "init", "is_homogeneous",
+    "is_initialized", "jit", "load_machine_topology", "load_topology", "local_rank",
+    "local_size", "machine_rank", "machine_size", "out_neighbor_ranks", "rank", "reset_clocks",
+    "set_async_min_bytes", "set_machine_topology", "set_topology", "shutdown", "simulate",
     "size", "topology",
-]
+])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from jaxfog import topology as T
 
@@ -30,6 +30,12 @@ class Simulation:
     topology: T.Topology | T.Schedule
     local_size: int
     machine_topology: T.Topology
+    #: How ops run while this simulation is traced: ``backend(simulation)``
+    #: is the ``jaxfog.ops.backends.Backend`` that
+    #: ``jaxfog.ops.backends.current()`` returns (the simulation's front end
+    #: passes ``jaxfog.simulation.backend.SimulatedBackend``), so the ops never
+    #: import the simulation.
+    backend: Callable[[Simulation], Any] = dataclasses.field(compare=False, kw_only=True)
     #: Several agents per device of a mesh (``simulate(mesh=...)`` with n a
     #: multiple of the devices): ``axis_name`` is then the device axis and
     #: ``inner_axis`` the vmapped axis of the ``inner_size`` agents of a device.

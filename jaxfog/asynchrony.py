@@ -60,7 +60,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax import lax
 
 from jaxfog import _validate as V
 from jaxfog import optax as jf_optax

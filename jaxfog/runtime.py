@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from jaxfog import _context, _gpu, ffi
+from jaxfog import _context, ffi
+from jaxfog.ffi import nccl_setup
 from jaxfog import _validate as V
 from jaxfog import topology as T
 
@@ -255,13 +256,13 @@ def init(topology: T.Topology | Any | None = None) -> None:
             comms[LEADERS_COMM_ID] = leaders
         for comm_id, member in comms.items():
             _register(lib, comm_id, member, timeout, max_message)
-        gpu_backend = _gpu.choose(_gpu.has_cuda(), ffi.nccl_built(), _gpu.requested())
+        gpu_backend = nccl_setup.choose(nccl_setup.has_cuda(), ffi.nccl_built(), nccl_setup.requested())
         if gpu_backend == "nccl":
-            checks = _gpu.start_nccl(lib, comm, timeout, max_message)
+            checks = nccl_setup.start_nccl(lib, comm, timeout, max_message)
             if checks is None:
                 gpu_backend = "mpi"
             else:
-                comms[_gpu.NCCL_COMM_ID] = checks
+                comms[nccl_setup.NCCL_COMM_ID] = checks
         lib.jaxfog_set_async_min_bytes(_async_min_bytes_from_env(local_size))
         keep = _bytes_from_env(KEEP_FREED_BYTES_ENV, KEEP_FREED_BYTES,
                                "leave malloc as it is")

@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from jaxfog import launcher
+from jaxfog.cli import launcher
 
 #: Seconds a failed rank waits for the others to fail too before aborting.
 FAILURE_GRACE_SECONDS = 3.0

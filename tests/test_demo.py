@@ -1,11 +1,11 @@
-"""Tests for ``jaxfog demo`` (jaxfog/demo.py)."""
+"""Tests for ``jaxfog demo`` (jaxfog/cli/demo.py)."""
 
 import numpy as np
 import pytest
 
 pytest.importorskip("matplotlib")
 
-from jaxfog import demo  # noqa: E402
+from jaxfog.cli import demo  # noqa: E402
 from jaxfog import topology as T  # noqa: E402
 
 

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 import jaxfog as jf
-from jaxfog import _gpu, runtime
+from jaxfog import runtime
+from jaxfog.ffi import nccl_setup
 from jaxfog import topology as T
 from jaxfog.testing import run_mpi
 
-pytestmark = pytest.mark.skipif(not _gpu.has_cuda(),
+pytestmark = pytest.mark.skipif(not nccl_setup.has_cuda(),
                                 reason="needs a CUDA GPU (scripts/gpu_check.sh)")
 CUDA = {"JAX_PLATFORMS": "cuda", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 

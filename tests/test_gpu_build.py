@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 import jaxfog as jf
-from jaxfog import _gpu, ffi, runtime
+from jaxfog import ffi, runtime
+from jaxfog.ffi import nccl_setup
 from jaxfog.ops import _plan
 from jaxfog.ops import primitives as P
 from mpi_harness import mpi_test
@@ -64,27 +65,27 @@ def test_nccl_loads_from_the_wheel_and_makes_ids():
 
 
 def test_backend_choice():
-    assert _gpu.choose(False, True, "") is None
-    assert _gpu.choose(True, True, "") == "nccl"
-    assert _gpu.choose(True, True, "mpi") == "mpi"
-    assert _gpu.choose(True, False, "") == "mpi"
+    assert nccl_setup.choose(False, True, "") is None
+    assert nccl_setup.choose(True, True, "") == "nccl"
+    assert nccl_setup.choose(True, True, "mpi") == "mpi"
+    assert nccl_setup.choose(True, False, "") == "mpi"
     with pytest.raises(RuntimeError, match="built without NCCL"):
-        _gpu.choose(True, False, "nccl")
+        nccl_setup.choose(True, False, "nccl")
 
 
 def test_ranks_sharing_a_gpu_are_refused_before_nccl():
     one, other = "GPU-0a1b", "GPU-9f8e"
-    assert _gpu.shared_gpus([("a", one, ""), ("a", other, ""), ("b", one, "")]) is None
-    assert _gpu.shared_gpus([("a", one, ""), ("b", other, ""), ("a", one, "")]) == (
+    assert nccl_setup.shared_gpus([("a", one, ""), ("a", other, ""), ("b", one, "")]) is None
+    assert nccl_setup.shared_gpus([("a", one, ""), ("b", other, ""), ("a", one, "")]) == (
         f"ranks 0 and 2 share GPU {one} on a, and NCCL takes one rank per GPU (run one rank "
         "per GPU, or set JAXFOG_BACKEND=mpi)")
-    assert _gpu.shared_gpus([("a", one, ""), ("a", None, "no driver")]) == (
+    assert nccl_setup.shared_gpus([("a", one, ""), ("a", None, "no driver")]) == (
         "rank 1 cannot identify its GPU (no driver)")
 
 
-@pytest.mark.skipif(_gpu.has_cuda(), reason="a GPU is here")
+@pytest.mark.skipif(nccl_setup.has_cuda(), reason="a GPU is here")
 def test_gpu_identity_without_a_gpu_says_why():
-    host, uuid, why = _gpu.gpu_identity()
+    host, uuid, why = nccl_setup.gpu_identity()
     assert uuid is None and why, (host, why)
     if ffi.cuda_built():
         with pytest.raises(ffi.FfiLibraryError, match="cudaGetDeviceProperties failed"):
@@ -106,21 +107,21 @@ def test_nccl_set_up_is_decided_together():
     lib = ffi.library()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert _gpu.start_nccl(lib, comm, 10.0, 1 << 20) is None
+        assert nccl_setup.start_nccl(lib, comm, 10.0, 1 << 20) is None
     assert any("rank 0 cannot identify its GPU" in str(w.message) for w in caught), caught
-    os.environ[_gpu.BACKEND_ENV] = "nccl"
+    os.environ[nccl_setup.BACKEND_ENV] = "nccl"
     try:
         with pytest.raises(JaxfogError, match="NCCL is unusable: rank 0 cannot identify"):
-            _gpu.start_nccl(lib, comm, 10.0, 1 << 20)
+            nccl_setup.start_nccl(lib, comm, 10.0, 1 << 20)
     finally:
-        del os.environ[_gpu.BACKEND_ENV]
+        del os.environ[nccl_setup.BACKEND_ENV]
     np.testing.assert_allclose(jf.allreduce(jnp.ones(2)), 1.0)  # still in step
 
 
 def test_backend_variable_is_checked(monkeypatch):
-    monkeypatch.setenv(_gpu.BACKEND_ENV, "gloo")
+    monkeypatch.setenv(nccl_setup.BACKEND_ENV, "gloo")
     with pytest.raises(ValueError, match="JAXFOG_BACKEND='gloo'"):
-        _gpu.requested()
+        nccl_setup.requested()
 
 
 def _cuda_targets(fn, *args) -> list[str]:

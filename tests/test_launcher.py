@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxfog import launcher
+from jaxfog.cli import launcher
 
 SHIM = str(Path(launcher.__file__).resolve())
 

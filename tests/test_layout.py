@@ -1,5 +1,6 @@
-"""The package's layout: every module imports alone, and jaxfog's modules
-import each other without cycles and only at module level."""
+"""The package's layout: the layers of ``LAYERS`` (which docs/architecture.rst
+shows), imports that only point down them, no cycles, no import of jaxfog
+inside a function, and every module importing alone."""
 
 from __future__ import annotations
 
@@ -12,6 +13,38 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "jaxfog"
+
+# layers-begin
+#: jaxfog's layers, bottom first: (what, modules). A module imports only from
+#: its own layer and the layers below it; a name ending in ``.*`` is a whole
+#: package. Every module of the package is in exactly one layer.
+LAYERS = [
+    ("pure data, errors, argument checks",
+     ["jaxfog.errors", "jaxfog.topology", "jaxfog._validate"]),
+    ("the C++ library, loaded with ctypes; NCCL's set-up",
+     ["jaxfog.ffi", "jaxfog.ffi.nccl_setup"]),
+    ("who the agents are: the MPI runtime, or the simulation being traced",
+     ["jaxfog._context", "jaxfog.runtime", "jaxfog.traffic"]),
+    ("arguments, plans, and the FFI primitives with their rules",
+     ["jaxfog.ops._jax_compat", "jaxfog.ops._plan", "jaxfog.ops._args", "jaxfog.ops._primitive",
+      "jaxfog.ops.jit", "jaxfog.ops.nccl", "jaxfog.ops.primitives"]),
+    ("backends: one method per op (MPI, and the simulation's)",
+     ["jaxfog.ops.backends._numerics", "jaxfog.ops.backends._window_spec",
+      "jaxfog.ops.backends.mpi_windows", "jaxfog.ops.backends.mpi", "jaxfog.ops.backends",
+      "jaxfog.simulation.clock", "jaxfog.simulation.windows", "jaxfog.simulation.backend"]),
+    ("the public ops",
+     ["jaxfog.ops.neighbor", "jaxfog.ops.collective", "jaxfog.ops.hierarchical",
+      "jaxfog.ops.process", "jaxfog.ops.window", "jaxfog.ops.agent", "jaxfog.ops"]),
+    ("one program, any scale: simulated agents, a device mesh",
+     ["jaxfog.mesh", "jaxfog.simulation"]),
+    ("algorithms",
+     ["jaxfog.compress.*", "jaxfog.optax.*", "jaxfog.asynchrony", "jaxfog.checkpoint"]),
+    ("the package's public names (lazy)",
+     ["jaxfog"]),
+    ("tools: the jaxfog command, the timeline, the multi-rank test harness",
+     ["jaxfog.timeline", "jaxfog.testing", "jaxfog.cli.*"]),
+]
+# layers-end
 
 
 @functools.cache
@@ -41,6 +74,34 @@ def _jaxfog_imports(node: ast.AST, module: str) -> list[tuple[str, int]]:
                 name = f"{base}.{alias.name}"
                 found.append((name if name in _modules() else base, statement.lineno))
     return [(name, line) for name, line in found if name.split(".")[0] == "jaxfog"]
+
+
+def _layer_of(module: str) -> int | None:
+    for index, (_, members) in enumerate(LAYERS):
+        for member in members:
+            if module == member or (member.endswith(".*") and (
+                    module == member[:-2] or module.startswith(member[:-1]))):
+                return index
+    return None
+
+
+def test_every_module_has_one_layer():
+    unplaced = [m for m in _modules() if _layer_of(m) is None]
+    assert not unplaced, f"modules in no layer of LAYERS: {unplaced}"
+    listed = [m for _, members in LAYERS for m in members if not m.endswith(".*")]
+    assert len(listed) == len(set(listed)), "a module listed twice"
+    assert not set(listed) - set(_modules()), f"no such module: {set(listed) - set(_modules())}"
+
+
+def test_imports_point_down_the_layers():
+    offenders = []
+    for module, path in _modules().items():
+        for name, line in _jaxfog_imports(ast.parse(path.read_text()), module):
+            if name in _modules() and _layer_of(name) > _layer_of(module):
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {module} "
+                                 f"({LAYERS[_layer_of(module)][0]}) imports {name} "
+                                 f"({LAYERS[_layer_of(name)][0]})")
+    assert not offenders, "\n".join(offenders)
 
 
 def test_no_import_of_jaxfog_inside_functions():
@@ -95,14 +156,18 @@ def test_public_names_resolve_and_backends_implement_every_op():
     import jaxfog
     import jaxfog.ops
     from jaxfog.ops import backends
+    from jaxfog.simulation.backend import SimulatedBackend
 
     for name in jaxfog.__all__:
         assert getattr(jaxfog, name) is not None, name
-    assert set(jaxfog._OPS) | set(jaxfog._WINDOW_OPS) == set(jaxfog.ops.__all__) - {
-        "comm_rank", "comm_size"}
+    for name in jaxfog.ops.__all__:
+        assert callable(getattr(jaxfog.ops, name)), name
+    assert set(jaxfog.ops.OPS) - set(jaxfog.__all__) == {"comm_rank", "comm_size"}
     ops = {name for name in dir(backends.Backend) if not name.startswith("_")}
-    assert set(jaxfog._OPS) <= ops
-    for backend in (backends.mpi.MpiBackend, backends.simulated.SimulatedBackend):
+    # Every message op is a backend method (the window ops compose a few).
+    message_ops = {op for op, family in jaxfog.ops.OPS.items() if family != "window"}
+    assert message_ops - {"comm_rank", "comm_size"} <= ops
+    for backend in (backends.mpi.MpiBackend, SimulatedBackend):
         missing = {op for op in ops if not callable(getattr(backend, op, None))}
         assert not missing, f"{backend.__name__} lacks {sorted(missing)}"
 
@@ -110,7 +175,7 @@ def test_public_names_resolve_and_backends_implement_every_op():
 #: Modules that may ask which backend runs: the ops (where the backends live)
 #: and what sits below them (the runtime's queries, the simulation's context,
 #: the traffic counters), plus the simulation's entry point.
-_MAY_ASK = ("jaxfog.ops", "jaxfog.sim", "jaxfog.runtime", "jaxfog._context", "jaxfog.traffic")
+_MAY_ASK = ("jaxfog.ops", "jaxfog.simulation", "jaxfog.runtime", "jaxfog._context", "jaxfog.traffic")
 
 
 def test_no_module_above_the_ops_branches_on_the_backend():

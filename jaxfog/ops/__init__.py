@@ -4,16 +4,37 @@ Each public op resolves its arguments once (:mod:`jaxfog.ops._args`) and runs
 on the backend :func:`jaxfog.ops.backends.current` picks: the FFI primitives
 (:mod:`jaxfog.ops.primitives`, custom calls into the C++ library over MPI) or
 the simulation's ``lax`` collectives. See ``docs/architecture.rst``.
+
+``OPS`` below is the one list of public ops: the name of each and the module
+of its family that defines it. ``jaxfog.<op>`` and ``jaxfog.ops.<op>`` are
+read from it, and both load the op's module (and JAX) on first use only.
 """
 
-from jaxfog.ops.collective import allgather, allreduce, broadcast
-from jaxfog.ops.hierarchical import hierarchical_neighbor_allreduce
-from jaxfog.ops.neighbor import neighbor_allgather, neighbor_allreduce, pair_gossip
-from jaxfog.ops.process import barrier, comm_rank, comm_size
-from jaxfog.ops.window import (win_accumulate, win_create, win_free, win_get, win_mutex, win_put,
-                               win_update, win_update_then_collect, win_version, win_weight)
+import importlib
+from typing import Any
 
-__all__ = ["allgather", "allreduce", "barrier", "broadcast", "comm_rank", "comm_size",
-           "hierarchical_neighbor_allreduce", "neighbor_allgather", "neighbor_allreduce",
-           "pair_gossip", "win_accumulate", "win_create", "win_free", "win_get", "win_mutex",
-           "win_put", "win_update", "win_update_then_collect", "win_version", "win_weight"]
+#: Every public op, by the module (in ``jaxfog.ops``) that defines it.
+OPS = {
+    "neighbor_allreduce": "neighbor", "neighbor_allgather": "neighbor",
+    "pair_gossip": "neighbor",
+    "hierarchical_neighbor_allreduce": "hierarchical",
+    "allreduce": "collective", "broadcast": "collective", "allgather": "collective",
+    "barrier": "process", "comm_rank": "process", "comm_size": "process",
+    "win_create": "window", "win_free": "window", "win_put": "window",
+    "win_accumulate": "window", "win_get": "window", "win_update": "window",
+    "win_update_then_collect": "window", "win_mutex": "window", "win_version": "window",
+    "win_weight": "window",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in OPS:
+        return getattr(importlib.import_module(f"{__name__}.{OPS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(OPS))
+
+
+__all__ = sorted(OPS)

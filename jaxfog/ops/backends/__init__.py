@@ -1,8 +1,8 @@
 """Where an op runs: the one place a backend is chosen.
 
 While ``jaxfog.simulate`` traces the per-agent function, ops run on the
-simulated agents (:mod:`.simulated`, ``lax`` collectives over the agent
-axis); otherwise on this job's MPI processes (:mod:`.mpi`, the FFI
+simulated agents (the backend the simulation brings:
+``jaxfog.simulation.backend``, ``lax`` collectives over the agent axis); otherwise on this job's MPI processes (:mod:`.mpi`, the FFI
 primitives). A backend has one method per op, taking the op's flat leaves and
 its resolved arguments (:mod:`jaxfog.ops._args`) and returning the result
 leaves; :class:`Backend` lists them, with what an agent's training loop
@@ -19,7 +19,7 @@ import jax
 
 from jaxfog import _context
 from jaxfog.ops import _args
-from jaxfog.ops.backends import mpi, simulated
+from jaxfog.ops.backends import mpi
 
 Leaves = list[jax.Array]
 
@@ -99,7 +99,7 @@ def current() -> Backend:
     """The backend the calling code runs on."""
     sim = _context.current()
     if sim is not None:
-        return simulated.SimulatedBackend(sim)
+        return sim.backend(sim)
     return mpi.backend()
 
 

@@ -8,7 +8,8 @@ import sys
 from typing import Sequence
 
 import jaxfog
-from jaxfog import demo, ffi, launcher, timeline
+from jaxfog import ffi, timeline
+from jaxfog.cli import demo, launcher
 
 
 # Options of `jaxfog run` that take a value; everything else starting with "-"
@@ -229,6 +230,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     return args.handler(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ like a window, until :func:`reset`). Time moves in three places:
   when the last in-neighbour's message has arrived (:func:`synchronize`):
   ``t_i = max(t_i, max_j t_j + d[j, i])``;
 * a window put leaves at the sender's clock and becomes visible to the
-  receiver ``d[src, dst]`` seconds later (``simulated_windows`` keeps the
+  receiver ``d[src, dst]`` seconds later (``windows`` keeps the
   messages in flight).
 
 Without delays there is no clock, every agent is active, and nothing here

@@ -14,7 +14,7 @@ is trivially held. An agent's window state is
   passes their arrival time (a full FIFO delivers its oldest message early).
 
 Under ``delays`` only the agents that take the current step act
-(:func:`jaxfog.ops.backends.simulated_clock.active`): the others' puts are
+(:func:`jaxfog.simulation.clock.active`): the others' puts are
 not sent and their window state does not change.
 
 kept in ``jax.Ref`` s, so that ops inside ``lax.scan``, ``fori_loop`` and
@@ -45,7 +45,7 @@ from jaxfog import _context
 from jaxfog import topology as T
 from jaxfog.ops import _args, _primitive
 from jaxfog.ops.backends import _numerics, _window_spec
-from jaxfog.ops.backends import simulated_clock as _clock
+from jaxfog.simulation import clock as _clock
 
 
 @dataclasses.dataclass
@@ -127,7 +127,7 @@ def store(states: dict[str, dict]) -> None:
 @contextlib.contextmanager
 def local_refs(states: dict[str, dict]) -> Iterator[Callable[[], dict[str, dict]]]:
     """Inside a loop body: the windows hold ``states`` in boxes
-    (:class:`~jaxfog.ops.backends.simulated_clock.Box`); yields a function
+    (:class:`~jaxfog.simulation.clock.Box`); yields a function
     that reads them back."""
     windows = _session("run").windows
     outer = {name: windows[name].refs for name in states}
@@ -513,5 +513,5 @@ def pair_average(name: str, peer: Any) -> None:
 
 
 def active() -> Any:
-    """Whether this agent takes the current step (see ``simulated_clock``)."""
+    """Whether this agent takes the current step (see ``clock``)."""
     return _clock.active()

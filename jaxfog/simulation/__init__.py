@@ -4,7 +4,7 @@
 leading agent axis of size n. It vmaps ``fn`` over that axis with a name;
 while ``fn`` is traced, ``jaxfog.rank()`` is the (traced) agent index,
 ``jaxfog.size()`` is n, and every jaxfog op runs on the simulation backend
-(:mod:`jaxfog.ops.backends.simulated`): ``lax`` collectives over the named
+(``jaxfog.simulation.backend``): ``lax`` collectives over the named
 axis, no FFI, no MPI. :class:`Agents` picks MPI processes or simulated agents
 for a whole script.
 """
@@ -25,9 +25,9 @@ from jaxfog import _validate as V
 from jaxfog import mesh as agents_mesh
 from jaxfog import topology as T
 from jaxfog.ops import allgather, allreduce
-from jaxfog.ops.backends import simulated_clock as clock
-from jaxfog.ops.backends import simulated_windows as windows
 from jaxfog.ops.jit import jit
+from jaxfog.simulation import clock, windows
+from jaxfog.simulation.backend import SimulatedBackend
 
 #: Name of the vmapped agent axis (override with ``simulate(axis_name=...)``).
 AGENT_AXIS = "jaxfog_agents"
@@ -188,7 +188,7 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
         per_device = n // mesh.shape[axis_name]
         inner = {"inner_axis": INNER_AXIS if per_device > 1 else None, "inner_size": per_device}
     simulation = _context.Simulation(axis_name, n, topology, int(local_size), machine_topology,
-                                     **inner)
+                                     backend=SimulatedBackend, **inner)
     if delays is not None and not isinstance(delays, Delays):
         raise TypeError(f"{what}: delays must be a jaxfog.Delays, got {type(delays).__name__}")
     timing = None if delays is None else delays._resolve(n)

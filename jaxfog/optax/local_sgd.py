@@ -14,6 +14,7 @@ The communications (``communication=``) and the notation are described in
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -22,12 +23,15 @@ import numpy as np
 import optax
 from jax import lax
 
-from jaxfog import _compressed as CG
 from jaxfog import _validate as V
 from jaxfog import compress as C
 from jaxfog import runtime
 from jaxfog import topology as T
 from jaxfog.ops import allreduce, neighbor_allreduce
+from jaxfog.optax import compressed as CG
+from jaxfog.optax._common import add as _add
+from jaxfog.optax._common import mixes_parameters, need_params
+from jaxfog.optax._common import sub as _sub
 
 Tree = Any
 
@@ -86,6 +90,11 @@ def random_pairs(n: int, period: int = 16, seed: int = 0) -> T.Schedule:
     return T.Schedule(entries, name=f"random_pairs({n}, {period}, {seed})")
 
 
+#: NoLoCo's pairings for a number of agents, worked out once per process (a
+#: pure function of its arguments, so caching it keeps ``update`` pure).
+_random_pairs = functools.lru_cache(maxsize=16)(random_pairs)
+
+
 def _mixer(communication: str, topology: Any, period: int, seed: int, caller: str):
     """``mix(tree, round)``: one averaging of ``tree`` with ``communication``."""
     name = f"jaxfog.optax.{caller}"
@@ -93,29 +102,12 @@ def _mixer(communication: str, topology: Any, period: int, seed: int, caller: st
         return lambda tree, t: allreduce(tree, name=name)
     if communication == "neighbor":
         return lambda tree, t: neighbor_allreduce(tree, topology=topology, step=t, name=name)
-    pairs: dict[int, T.Schedule] = {}
 
     def gossip(tree, t):
-        n = runtime.size()
-        if n not in pairs:
-            pairs[n] = random_pairs(n, period, seed)
-        return neighbor_allreduce(tree, topology=pairs[n], step=t, name=name)
+        pairs = _random_pairs(runtime.size(), period, seed)
+        return neighbor_allreduce(tree, topology=pairs, step=t, name=name)
 
     return gossip
-
-
-def _need_params(what: str, params: Any) -> None:
-    if params is None:
-        raise ValueError(f"jaxfog.optax.{what}: update() needs params "
-                         "(call update(grads, state, params))")
-
-
-def _add(a: Tree, b: Tree) -> Tree:
-    return jax.tree.map(lambda x, y: x + y, a, b)
-
-
-def _sub(a: Tree, b: Tree) -> Tree:
-    return jax.tree.map(lambda x, y: x - y, a, b)
 
 
 def _rounds(count: jax.Array, every: int) -> tuple[jax.Array, jax.Array]:
@@ -144,6 +136,7 @@ class LocalSGDState(NamedTuple):
     count: jax.Array
 
 
+@mixes_parameters
 def local_sgd(inner: optax.GradientTransformation, *, every: int,
               communication: str = "allreduce", topology: Any = None, period: int = 16,
               seed: int = 0) -> optax.GradientTransformationExtraArgs:
@@ -228,7 +221,7 @@ def local_sgd(inner: optax.GradientTransformation, *, every: int,
         return LocalSGDState(inner.init(params), jnp.zeros([], jnp.int32))
 
     def update(grads, state, params=None, **extra):
-        _need_params("local_sgd", params)
+        need_params("local_sgd", params)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         sync, t = _rounds(state.count, every)
         moved = optax.apply_updates(params, u)
@@ -259,6 +252,7 @@ class DiLoCoState(NamedTuple):
     count: jax.Array
 
 
+@mixes_parameters
 def diloco(inner: optax.GradientTransformation,
            outer: optax.GradientTransformation | None = None, *, every: int,
            communication: str = "allreduce", topology: Any = None,
@@ -365,13 +359,12 @@ def diloco(inner: optax.GradientTransformation,
                              "pseudo-gradients; with communication="
                              f"{communication!r} the anchors would travel dense too")
     mix = _mixer(communication, topology, period, seed, "diloco")
-    plan: dict[str, Any] = {}
 
     def init(params):
         residual = ()
         if compressor is not None:
-            CG.prepare(plan, None, compressor, params, groups, neighbors=False, anew=True)
-            residual = [jnp.zeros_like(p) for p in C.merge(params, plan["groups"])]
+            plan = CG.layout("diloco", None, compressor, params, groups, neighbors=False)
+            residual = [jnp.zeros_like(p) for p in C.merge(params, plan.groups)]
         return DiLoCoState(inner.init(params), outer.init(params), params, residual,
                            CG.agent_key(seed), jnp.zeros([], jnp.int32))
 
@@ -379,11 +372,11 @@ def diloco(inner: optax.GradientTransformation,
         """(mixed anchor, mixed pseudo-gradient, new residual)."""
         delta = _sub(anchor, theta)
         if compressor is not None:
-            CG.prepare(plan, None, compressor, delta, groups, neighbors=False)
-            p = [d + e for d, e in zip(C.merge(delta, plan["groups"]), residual)]
+            plan = CG.layout("diloco", None, compressor, delta, groups, neighbors=False)
+            p = [d + e for d, e in zip(C.merge(delta, plan.groups), residual)]
             payloads = C.compress_groups(compressor, p, CG.step_key(key, t))
             residual = [a - compressor.decompress(q) for a, q in zip(p, payloads)]
-            mean = C.split(CG.mean_of_all(compressor, payloads), delta, plan["groups"])
+            mean = C.split(CG.mean_of_all(compressor, payloads), delta, plan.groups)
             return anchor, mean, residual
         if communication == "allreduce":
             return anchor, mix(delta, t), residual
@@ -391,7 +384,7 @@ def diloco(inner: optax.GradientTransformation,
         return anchor, delta, residual
 
     def update(grads, state, params=None, **extra):
-        _need_params("diloco", params)
+        need_params("diloco", params)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         theta = optax.apply_updates(params, u)
         sync, t = _rounds(state.count, every)
@@ -429,6 +422,7 @@ class NoLoCoState(NamedTuple):
     count: jax.Array
 
 
+@mixes_parameters
 def noloco(inner: optax.GradientTransformation, *, every: int,
            learning_rate: float | optax.Schedule = 0.7,
            momentum: float = 0.3, gamma: float | None = None, communication: str = "gossip",
@@ -526,7 +520,7 @@ def noloco(inner: optax.GradientTransformation, *, every: int,
                            jnp.zeros([], jnp.int32))
 
     def update(grads, state, params=None, **extra):
-        _need_params("noloco", params)
+        need_params("noloco", params)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         theta = optax.apply_updates(params, u)
         sync, t = _rounds(state.count, every)

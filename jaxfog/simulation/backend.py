@@ -35,8 +35,8 @@ from jaxfog import _context
 from jaxfog import topology as T
 from jaxfog.ops import _args, _plan
 from jaxfog.ops.backends import _numerics
-from jaxfog.ops.backends import simulated_clock as _clock
-from jaxfog.ops.backends import simulated_windows as _windows
+from jaxfog.simulation import clock as _clock
+from jaxfog.simulation import windows as _windows
 
 
 def _mix_leaf(x, w: np.ndarray, sim: _context.Simulation, self_weight: Any = None):
@@ -351,7 +351,7 @@ class SimulatedBackend:
         """Simulated agents run in lockstep: only their clocks wait."""
         _clock.synchronize()
 
-    # One-sided windows: JAX references, immediate delivery (simulated_windows).
+    # One-sided windows: JAX references, immediate delivery (simulation/windows.py).
     def win_create(self, leaves: list, treedef: Any, args: _args.WinCreate) -> bool:
         return _windows.win_create(self.sim, leaves, treedef, args)
 

@@ -28,6 +28,7 @@ from jaxfog import compress as C
 from jaxfog import runtime
 from jaxfog import topology as T
 from jaxfog.ops import allgather, neighbor_allgather
+from jaxfog.optax._common import mixes_parameters, need_params
 
 Tree = Any
 Parts = list  # one array per group of leaves (jaxfog.compress.merge)
@@ -136,13 +137,17 @@ def receive(compressor: C.Compressor, state: PublicCopies, mine: Sequence[C.Payl
     return PublicCopies(own, neighbors, tuple(mine) if state.warm else ())
 
 
-def mixing(state: PublicCopies, weights: jax.Array) -> Parts:
-    r""":math:`\sum_j W_{ij} (\hat x_j - \hat x_i)` per group."""
+def weighted_differences(weights: jax.Array, own: Parts, neighbors: Parts) -> Parts:
+    r""":math:`\sum_j W_{ij} (\hat x_j - \hat x_i)` per group, the in-neighbours'
+    values stacked on axis 0 of each group."""
     return [jnp.tensordot(weights.astype(h.dtype), n, axes=1) - jnp.sum(weights).astype(h.dtype) * h
-            for h, n in zip(state.own, state.neighbors)]
+            for h, n in zip(own, neighbors)]
 
 
-PublicCopies.__module__ = "jaxfog.optax"  # documented (and exported) there
+def mixing(state: PublicCopies, weights: jax.Array) -> Parts:
+    r""":math:`\sum_j W_{ij} (\hat x_j - \hat x_i)` over the public copies."""
+    return weighted_differences(weights, state.own, state.neighbors)
+
 
 
 # --- argument checks ----------------------------------------------------------------
@@ -185,15 +190,34 @@ def resolve_groups(compressor: C.Compressor, tree: Tree, groups: Any) -> C.Group
     return C.check_groups(compressor, tree, groups)
 
 
-def prepare(plan: dict, topology: Any, compressor: C.Compressor, params: Tree,
-            groups: Any, *, neighbors: bool = True, anew: bool = False) -> None:
-    """Fills ``plan`` (groups, and links unless ``neighbors=False``) for
-    ``params``' structure, again when it changed, or always with ``anew``
-    (``init``: the topology may have changed since)."""
-    signature = (jax.tree.structure(params), tuple(np.shape(x) for x in jax.tree.leaves(params)))
-    if anew or plan.get("signature") != signature:
-        plan.update(signature=signature, groups=resolve_groups(compressor, params, groups),
-                    links=links(topology) if neighbors else None)
+class Layout(NamedTuple):
+    """How a transformation's compressed values travel for one ``params``
+    structure: the groups of leaves, and the graph (``None`` for the
+    allreduce)."""
+
+    groups: C.Groups
+    links: Links | None
+
+
+def layout(what: str, topology: Any, compressor: C.Compressor, params: Tree, groups: Any,
+           *, neighbors: bool = True) -> Layout:
+    """The groups for ``params``' structure and, unless ``neighbors=False``,
+    the links of ``topology`` (``None``: the current one). Worked out from the
+    arguments at every call (at trace time under ``jit``), so ``init`` and
+    ``update`` keep nothing between calls."""
+    return Layout(resolve_groups(compressor, params, groups),
+                  links(topology) if neighbors else None)
+
+
+def check_degree(what: str, copies_: PublicCopies, links_: Links) -> None:
+    """The state's copies were made for the graph of ``links_``: a topology
+    that changed since ``init`` (``topology=None`` follows the runtime's) is
+    an error, not a shape mismatch deep in the update."""
+    held = copies_.neighbors[0].shape[0] if copies_.neighbors else degree(links_)
+    if held != degree(links_):
+        raise ValueError(f"jaxfog.optax.{what}: the state holds copies of {held} "
+                         f"in-neighbours but the topology now has {degree(links_)}; the "
+                         "topology changed since init(): call init() again")
 
 
 def agent_key(seed: int) -> jax.Array:
@@ -203,12 +227,6 @@ def agent_key(seed: int) -> jax.Array:
 
 def step_key(key: jax.Array, count: jax.Array) -> jax.Array:
     return jax.random.fold_in(key, count)
-
-
-def need_params(what: str, params: Any) -> None:
-    if params is None:
-        raise ValueError(f"jaxfog.optax.{what}: update() needs params "
-                         "(call update(grads, state, params))")
 
 
 # --- CHOCO-SGD ---------------------------------------------------------------------
@@ -227,6 +245,7 @@ class ChocoState(NamedTuple):
     count: jax.Array
 
 
+@mixes_parameters
 def choco(inner: optax.GradientTransformation, *, compressor: C.Compressor, gamma: float,
           topology: Any = None, groups: Any = None, seed: int = 0
           ) -> optax.GradientTransformationExtraArgs:
@@ -285,26 +304,25 @@ def choco(inner: optax.GradientTransformation, *, compressor: C.Compressor, gamm
     check_options("choco", groups, seed)
     V.transformation("jaxfog.optax.choco", "inner", inner)
     V.topology("jaxfog.optax.choco", topology)
-    plan: dict[str, Any] = {}
 
     def init(params):
-        prepare(plan, topology, compressor, params, groups, anew=True)
+        plan = layout("choco", topology, compressor, params, groups)
         key = agent_key(seed)
-        parts = C.merge(params, plan["groups"])
-        return ChocoState(inner.init(params),
-                          copies(compressor, parts, degree(plan["links"])), key,
-                          jnp.zeros([], jnp.int32))
+        parts = C.merge(params, plan.groups)
+        return ChocoState(inner.init(params), copies(compressor, parts, degree(plan.links)),
+                          key, jnp.zeros([], jnp.int32))
 
     def update(grads, state, params=None, **extra):
         need_params("choco", params)
-        prepare(plan, topology, compressor, params, groups)
+        plan = layout("choco", topology, compressor, params, groups)
+        check_degree("choco", state.public, plan.links)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
-        half = C.merge(optax.apply_updates(params, u), plan["groups"])
+        half = C.merge(optax.apply_updates(params, u), plan.groups)
         mine = compress(compressor, half, state.public, step_key(state.key, state.count))
-        public = receive(compressor, state.public, mine, exchange(plan["links"], mine))
-        weights = row(plan["links"], state.count)
+        public = receive(compressor, state.public, mine, exchange(plan.links, mine))
+        weights = row(plan.links, state.count)
         new = [x + gamma * m for x, m in zip(half, mixing(public, weights))]
-        x = C.split(new, params, plan["groups"])
+        x = C.split(new, params, plan.groups)
         return (jax.tree.map(lambda a, b: a - b, x, params),
                 ChocoState(inner_state, public, state.key, state.count + 1))
 
@@ -331,6 +349,7 @@ class BeerState(NamedTuple):
     count: jax.Array
 
 
+@mixes_parameters
 def beer(learning_rate: float | optax.Schedule, *, compressor: C.Compressor, gamma: float,
          topology: Any = None, groups: Any = None, seed: int = 0
          ) -> optax.GradientTransformationExtraArgs:
@@ -378,21 +397,21 @@ def beer(learning_rate: float | optax.Schedule, *, compressor: C.Compressor, gam
     check_options("beer", groups, seed)
     V.topology("jaxfog.optax.beer", topology)
     learning_rate = V.learning_rate("jaxfog.optax.beer", learning_rate)
-    plan: dict[str, Any] = {}
 
     def init(params):
-        prepare(plan, topology, compressor, params, groups, anew=True)
+        plan = layout("beer", topology, compressor, params, groups)
         key = agent_key(seed)
-        parts = C.merge(params, plan["groups"])
-        k = degree(plan["links"])
+        parts = C.merge(params, plan.groups)
+        k = degree(plan.links)
         zeros = [jnp.zeros_like(p) for p in parts]
         return BeerState(zeros, zeros, copies(compressor, parts, k), copies(compressor, parts, k),
                          key, jnp.zeros([], jnp.int32))
 
     def update(grads, state, params=None, **extra):
         need_params("beer", params)
-        prepare(plan, topology, compressor, params, groups)
-        groups_, weights = plan["groups"], row(plan["links"], state.count)
+        plan = layout("beer", topology, compressor, params, groups)
+        check_degree("beer", state.public_x, plan.links)
+        groups_, weights = plan.groups, row(plan.links, state.count)
         g = C.merge(grads, groups_)
         v = [t + gamma * m + a - b for t, m, a, b in
              zip(state.tracker, mixing(state.public_v, weights), g, state.prev_grads)]
@@ -403,7 +422,7 @@ def beer(learning_rate: float | optax.Schedule, *, compressor: C.Compressor, gam
         key = step_key(state.key, state.count)
         mine_x = compress(compressor, x_new, state.public_x, key)
         mine_v = compress(compressor, v, state.public_v, jax.random.fold_in(key, 1 << 20))
-        theirs = exchange(plan["links"], mine_x + mine_v)
+        theirs = exchange(plan.links, mine_x + mine_v)
         n = len(mine_x)
         public_x = receive(compressor, state.public_x, mine_x, theirs[:n])
         public_v = receive(compressor, state.public_v, mine_v, theirs[n:])
@@ -440,10 +459,10 @@ def feedback(compressor: C.Compressor, groups: C.Groups, value: Tree,
     return payloads, residual
 
 
-def feedback_init(plan: dict, params: Tree, inner_state: Any, seed: int
+def feedback_init(groups: C.Groups, params: Tree, inner_state: Any, seed: int
                   ) -> ErrorFeedbackState:
-    """The state after ``init`` (``plan`` prepared for ``params``): zero residuals."""
-    zeros = [jnp.zeros_like(p) for p in C.merge(params, plan["groups"])]
+    """The state after ``init``: zero residuals, one per group."""
+    zeros = [jnp.zeros_like(p) for p in C.merge(params, groups)]
     return ErrorFeedbackState(inner_state, zeros, agent_key(seed), jnp.zeros([], jnp.int32))
 
 
@@ -459,11 +478,6 @@ def neighbor_mix(compressor: C.Compressor, graph: Links, payloads: list[C.Payloa
     r""":math:`\sum_j W_{ij} (\hat y_j - \hat y_i)` with :math:`\hat y = C(\cdot)`
     decompressed, over ``graph``'s sources."""
     theirs = exchange(graph, payloads)
-    weights = row(graph, count)
-    out = []
-    for mine, other in zip(payloads, theirs):
-        own = compressor.decompress(mine)
-        decoded = jax.vmap(compressor.decompress)(other)
-        out.append(jnp.tensordot(weights.astype(own.dtype), decoded, axes=1)
-                   - jnp.sum(weights).astype(own.dtype) * own)
-    return out
+    return weighted_differences(row(graph, count),
+                                [compressor.decompress(p) for p in payloads],
+                                [jax.vmap(compressor.decompress)(p) for p in theirs])

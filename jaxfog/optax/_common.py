@@ -1,0 +1,105 @@
+"""What the transformations of :mod:`jaxfog.optax` share: the mark of those
+that mix the parameters (read by :func:`check_chain`), the ``params`` check,
+and one step of neighbour averaging or of the other communications."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Callable
+
+import jax
+import optax
+from jax import lax
+
+from jaxfog import _validate as V
+from jaxfog.ops import allreduce, hierarchical_neighbor_allreduce, neighbor_allreduce
+
+Tree = Any
+
+
+def mixes_parameters(make: Callable) -> Callable:
+    """Marks the transformations whose update moves the parameters to mixed
+    values, so that :func:`check_chain` can find them in a chain."""
+
+    @functools.wraps(make)
+    def marked(*args, **kwargs):
+        transformation = make(*args, **kwargs)
+        transformation.update._jaxfog_mixing = make.__name__
+        return transformation
+
+    return marked
+
+
+def _chain_members(update: Callable) -> list[Callable]:
+    """The update functions of an ``optax.chain``, nested chains flattened (a
+    transformation that is not a chain is its own member). Reads the chain's
+    closure; anything else is one opaque member."""
+    code, cells = getattr(update, "__code__", None), getattr(update, "__closure__", None)
+    if code is None or not cells or "update_fns" not in code.co_freevars:
+        return [update]
+    members = cells[code.co_freevars.index("update_fns")].cell_contents
+    return [m for fn in members for m in _chain_members(fn)]
+
+
+def check_chain(optimizer: optax.GradientTransformation) -> None:
+    """Warns when a transformation that mixes the parameters with the neighbours
+    (``atc``, ``awc``, ``push_sum``, ...) is followed by another one in an
+    ``optax.chain``: that one would transform the mixing too (a clip after
+    ``atc`` clips the consensus step, silently). Put it inside instead:
+    ``atc(optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1)))``.
+    :func:`jaxfog.asynchrony.from_optax` calls it; call it on your own
+    optimizer where you build one."""
+    V.transformation("jaxfog.optax.check_chain", "optimizer", optimizer)
+    members = _chain_members(optimizer.update)
+    for k, fn in enumerate(members[:-1]):
+        name = getattr(fn, "_jaxfog_mixing", None)
+        if name is not None:
+            warnings.warn(
+                f"jaxfog.optax.{name} is followed by {len(members) - k - 1} other "
+                "transformation(s) in an optax.chain: they will also transform the "
+                f"neighbour mixing in {name}'s update (a clip would clip the consensus "
+                f"step). Put them inside instead: {name}(optax.chain(..., inner)), or "
+                f"make {name} the chain's last element.", UserWarning, stacklevel=2)
+            return
+
+
+
+def need_params(name: str, params: Any) -> None:
+    if params is None:
+        raise ValueError(f"jaxfog.optax.{name}: update() needs params "
+                         "(call update(grads, state, params))")
+
+
+def average(tree: Tree, topology: Any, count: jax.Array, caller: str) -> Tree:
+    """One neighbor averaging step with W (static, runtime or scheduled: the
+    step picks a Schedule's entry and is ignored by a static graph); errors
+    name the transformation the user called."""
+    return neighbor_allreduce(tree, topology=topology, step=count,
+                              name=f"jaxfog.optax.{caller}")
+
+
+def add(a: Tree, b: Tree) -> Tree:
+    return jax.tree.map(lambda x, y: x + y, a, b)
+
+
+def sub(a: Tree, b: Tree) -> Tree:
+    return jax.tree.map(lambda x, y: x - y, a, b)
+
+
+def communicate(tree: Tree, topology: Any, count: jax.Array, communication: str,
+                 global_every: int | None, caller: str) -> Tree:
+    name = f"jaxfog.optax.{caller}"
+    allreduce_named = lambda t: allreduce(t, name=name)  # noqa: E731
+    mixers = {"neighbor": lambda t: average(t, topology, count, caller),
+              "allreduce": allreduce_named,
+              "hierarchical": lambda t: hierarchical_neighbor_allreduce(t, name=name),
+              "none": lambda t: t}
+    mix = mixers[communication]
+    if global_every is None:
+        return mix(tree)
+    # The step count is the same on every rank, so all take the same branch.
+    return lax.cond(count % global_every == 0, allreduce_named, mix, tree)
+
+
+COMMUNICATIONS = ("neighbor", "allreduce", "hierarchical", "none")

@@ -1,0 +1,342 @@
+r"""Diffusion: adapt-then-combine (:func:`atc`), adapt-with-combine
+(:func:`awc`, optionally with compressed, error-fed mixing) and the global
+gradient average they are measured against (:func:`gradient_allreduce`)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxfog import _validate as V
+from jaxfog import compress as C
+from jaxfog.ops import allreduce
+from jaxfog.optax import compressed as CG
+from jaxfog.optax._common import COMMUNICATIONS, communicate, mixes_parameters, need_params, sub
+from jaxfog.optax.compressed import ErrorFeedbackState
+
+
+def _check_diffusion(what: str, inner: Any, topology: Any, communication: Any,
+                     global_every: Any) -> None:
+    """atc's and awc's options, checked when the transformation is made."""
+    what = f"jaxfog.optax.{what}"
+    V.transformation(what, "inner", inner)
+    V.topology(what, topology)
+    V.choice(what, "communication", communication, COMMUNICATIONS)
+    if global_every is not None:
+        V.integer(what, "global_every", global_every, minimum=1)
+
+
+class DiffusionState(NamedTuple):
+    """State of :func:`atc` and :func:`awc`: the inner state and a step counter."""
+
+    #: The inner transformation's state.
+    inner: optax.OptState
+    #: Number of ``update`` calls so far (an int32 scalar, 0 after ``init``): it
+    #: picks the entry of a ``Schedule`` and the ``global_every`` steps.
+    count: jax.Array
+
+
+@mixes_parameters
+def atc(inner: optax.GradientTransformation, *, topology: Any = None,
+        communication: str = "neighbor",
+        global_every: int | None = None) -> optax.GradientTransformationExtraArgs:
+    r"""Adapt then combine (ATC diffusion): a local optimizer step, then averaging.
+
+    Every agent applies its inner update, then averages the result with its
+    neighbours:
+
+    .. math::
+
+        x_i^{k+1} = \sum_j W_{ij} \left( x_j^k + u_j^k \right),
+
+    where :math:`x_i^k` are agent :math:`i`'s parameters, :math:`u_i^k` the
+    update of ``inner`` computed from the local gradient :math:`g_i^k` at
+    :math:`x_i^k`, and :math:`W` the mixing matrix of ``topology``
+    (:math:`x_i \leftarrow \sum_j W_{ij} x_j`). With ``inner=optax.sgd(a)``,
+    :math:`u_i^k = -a\, g_i^k` and this is the ATC diffusion algorithm; with a
+    constant step size it converges to a neighbourhood of the optimum whose
+    size shrinks with the step size.
+
+    ``communication`` chooses the averaging that replaces :math:`W`:
+    ``"allreduce"`` the global mean (:math:`W = \frac{1}{n} \mathbf{1}
+    \mathbf{1}^\top` for :math:`n` agents), ``"hierarchical"`` the
+    machine-level average of :func:`jaxfog.hierarchical_neighbor_allreduce`,
+    ``"none"`` no averaging (:math:`W = I`). ``global_every=p`` uses the
+    global mean at the steps :math:`k = 0, p, 2p, \dots` and ``communication``
+    at the others; ``communication="none", global_every=p`` is thus local
+    training with a global average every :math:`p` steps.
+
+    Put clipping, weight decay and the like *inside* (``inner``), never after
+    ``atc`` in an ``optax.chain``: a transformation after it would transform
+    the mixing too (a clip would clip the consensus step, silently).
+    :func:`check_chain` warns about such a chain.
+
+    Args:
+      inner: the local optimizer, any optax transformation (a chain with
+        clipping, weight decay, schedules, ...). Its ``update`` receives the
+        local gradient, its state, the unmixed ``params`` and the extra
+        keyword arguments given to this ``update``.
+      topology: the graph of ``"neighbor"`` communication: a
+        :class:`~jaxfog.topology.Topology`, a :class:`~jaxfog.topology.Schedule`
+        (entry ``k % period`` at step ``k``) or ``None``, the current topology
+        (:func:`jaxfog.load_topology`; in :func:`jaxfog.simulate`, the
+        simulation's). The other ``communication`` modes ignore it.
+      communication: ``"neighbor"`` (default: one
+        :func:`jaxfog.neighbor_allreduce` over ``topology``), ``"allreduce"``
+        (:func:`jaxfog.allreduce`, the mean over all agents),
+        ``"hierarchical"`` (:func:`jaxfog.hierarchical_neighbor_allreduce`
+        over the machine topology, :func:`jaxfog.set_machine_topology` or
+        ``simulate``'s ``machine_topology``) or ``"none"``. Another value
+        raises ``ValueError`` when ``update`` is called.
+      global_every: ``None`` (default) or a positive integer ``p``: the steps
+        whose counter is a multiple of ``p`` (the first step included) average
+        over all agents instead (BlueFog paper, Listing 4). Another value
+        raises ``ValueError`` here.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is a
+      :class:`DiffusionState` (the inner state and the step counter).
+      ``update(grads, state, params, **extra)`` needs ``params``
+      (``ValueError`` without) and returns :math:`x_i^{k+1} - x_i^k`, the
+      updates that move the parameters to the mixed values, so it must be the
+      last element of a chain.
+
+    Example::
+
+        optimizer = jaxfog.optax.atc(
+            optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)),
+            topology=jaxfog.topology.one_peer_exponential(jaxfog.size()))
+        opt_state = optimizer.init(params)
+        # ... then the jitted train step of the module docstring
+
+    References:
+      Chen, Sayed. *Diffusion Adaptation Strategies for Distributed
+      Optimization and Learning Over Networks*. IEEE Transactions on Signal
+      Processing, 2012.
+
+      Ying, Yuan, Hu, Chen, Yin. *BlueFog: Make Decentralized Algorithms
+      Practical for Optimization and Deep Learning*. arXiv:2111.04287, 2021,
+      eq. (4)-(5) and Listing 4.
+    """
+    _check_diffusion("atc", inner, topology, communication, global_every)
+
+    def init(params):
+        return DiffusionState(inner.init(params), jnp.zeros([], jnp.int32))
+
+    def update(grads, state, params=None, **extra):
+        need_params("atc", params)
+        u, inner_state = inner.update(grads, state.inner, params, **extra)
+        mixed = communicate(optax.apply_updates(params, u), topology, state.count,
+                             communication, global_every, "atc")
+        return sub(mixed, params), DiffusionState(inner_state, state.count + 1)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+@mixes_parameters
+def awc(inner: optax.GradientTransformation, *, topology: Any = None,
+        communication: str = "neighbor", global_every: int | None = None,
+        compressor: C.Compressor | None = None, gamma: float = 1.0, groups: Any = None,
+        seed: int = 0) -> optax.GradientTransformationExtraArgs:
+    r"""Adapt with combine (decentralized gradient descent): average, add the local update.
+
+    .. math::
+
+        x_i^{k+1} = \sum_j W_{ij}\, x_j^k + u_i^k,
+
+    where :math:`u_i^k` is the update of ``inner`` computed from the local
+    gradient :math:`g_i^k` at the unmixed :math:`x_i^k` and :math:`W` the
+    mixing matrix of ``topology`` (:math:`x_i \leftarrow \sum_j W_{ij} x_j`).
+    With ``inner=optax.sgd(a)`` this is decentralized (stochastic) gradient
+    descent, :math:`x_i^{k+1} = \sum_j W_{ij} x_j^k - a\, g_i^k`; like
+    :func:`atc` it converges, with a constant step size, to a neighbourhood of
+    the optimum whose size shrinks with the step size.
+
+    The exchange of :math:`x^k` does not depend on the gradient, so inside one
+    jitted train step XLA is free to run it while the backward pass computes
+    (BlueFog paper, section V-A). ``communication`` and ``global_every``
+    replace :math:`W` as in :func:`atc`.
+
+    With a ``compressor`` :math:`C`, what is sent is compressed with error
+    feedback (DeepSqueeze):
+
+    .. math::
+
+        p_i^k = x_i^k + e_i^k, \qquad \hat y_i^k = C(p_i^k), \qquad
+        e_i^{k+1} = p_i^k - \hat y_i^k, \\
+        x_i^{k+1} = x_i^k + \gamma \sum_j W_{ij} (\hat y_j^k - \hat y_i^k) + u_i^k,
+
+    the residual :math:`e` (zero at the start) carrying what compression left
+    out into the next step. Only the payloads travel (on a ``Schedule``, to
+    the union of the period's out-neighbours at every step, as :func:`choco`
+    does; absent neighbours get weight 0). With a doubly
+    stochastic :math:`W` the network average moves only by the updates; with
+    ``identity()`` and ``gamma=1`` this is plain ``awc``.
+
+    Args:
+      inner: the local optimizer, any optax transformation. Its ``update``
+        receives the local gradient, its state, the unmixed ``params`` and the
+        extra keyword arguments given to this ``update``.
+      topology, communication, global_every: as for :func:`atc` (with a
+        compressor: neighbour communication only).
+      compressor: a :class:`jaxfog.compress.Compressor`, or ``None`` (dense).
+      gamma: the consensus step size with a compressor, in (0, 1].
+      groups, seed: how leaves are grouped and the keys' seed, as for
+        :func:`choco`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is a
+      :class:`DiffusionState` (the inner state and the step counter), or an
+      :class:`ErrorFeedbackState` with a compressor.
+      ``update(grads, state, params, **extra)`` needs ``params``
+      (``ValueError`` without) and returns :math:`x_i^{k+1} - x_i^k`, so it
+      must be the last element of a chain.
+
+    Example::
+
+        optimizer = jaxfog.optax.awc(
+            optax.sgd(0.1, momentum=0.9),
+            topology=jaxfog.topology.exponential(jaxfog.size()))
+        opt_state = optimizer.init(params)
+        # ... then the jitted train step of the module docstring
+
+    References:
+      Nedić, Ozdaglar. *Distributed Subgradient Methods for Multi-Agent
+      Optimization*. IEEE Transactions on Automatic Control, 2009.
+
+      Lian, Zhang, Zhang, Hsieh, Zhang, Liu. *Can Decentralized Algorithms
+      Outperform Centralized Algorithms? A Case Study for Decentralized
+      Parallel Stochastic Gradient Descent*. NeurIPS, 2017.
+
+      Ying, Yuan, Hu, Chen, Yin. *BlueFog: Make Decentralized Algorithms
+      Practical for Optimization and Deep Learning*. arXiv:2111.04287, 2021,
+      section V-A.
+    """
+    _check_diffusion("awc", inner, topology, communication, global_every)
+    if compressor is not None:
+        if communication != "neighbor" or global_every is not None:
+            raise ValueError("jaxfog.optax.awc: a compressor compresses neighbour "
+                             "communication; communication= and global_every= do not apply")
+        CG.check_options("awc", groups, seed)
+        return _compressed_awc(inner, topology, CG.check_compressor("awc", compressor),
+                               CG.check_gamma("awc", gamma), groups, seed)
+
+    def init(params):
+        return DiffusionState(inner.init(params), jnp.zeros([], jnp.int32))
+
+    def update(grads, state, params=None, **extra):
+        need_params("awc", params)
+        mixed = communicate(params, topology, state.count, communication, global_every,
+                             "awc")
+        u, inner_state = inner.update(grads, state.inner, params, **extra)
+        return (jax.tree.map(lambda m, p, d: m - p + d, mixed, params, u),
+                DiffusionState(inner_state, state.count + 1))
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _compressed_awc(inner: optax.GradientTransformation, topology: Any,
+                    compressor: C.Compressor, gamma: float, groups: Any,
+                    seed: int) -> optax.GradientTransformationExtraArgs:
+
+    def init(params):
+        plan = CG.layout("awc", topology, compressor, params, groups)
+        return CG.feedback_init(plan.groups, params, inner.init(params), seed)
+
+    def update(grads, state, params=None, **extra):
+        need_params("awc", params)
+        plan = CG.layout("awc", topology, compressor, params, groups)
+        payloads, residual = CG.feedback(compressor, plan.groups, params, state)
+        mix = C.split(CG.neighbor_mix(compressor, plan.links, payloads, state.count),
+                      params, plan.groups)
+        u, inner_state = inner.update(grads, state.inner, params, **extra)
+        return (jax.tree.map(lambda m, d: gamma * m + d, mix, u),
+                ErrorFeedbackState(inner_state, residual, state.key, state.count + 1))
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def gradient_allreduce(inner: optax.GradientTransformation, *,
+                       compressor: C.Compressor | None = None, groups: Any = None,
+                       seed: int = 0) -> optax.GradientTransformationExtraArgs:
+    r"""Global gradient averaging (Horovod-style data parallelism), the baseline.
+
+    .. math::
+
+        u_i^k = \mathrm{inner}\Big( \frac{1}{n} \sum_{j=1}^{n} g_j^k \Big),
+
+    where :math:`g_j^k` is agent :math:`j`'s local gradient, :math:`n` the
+    number of agents and :math:`u_i^k` the update returned. Every agent gets
+    the same averaged gradient, so agents that start from the same parameters
+    (e.g. after :func:`jaxfog.broadcast`) stay identical: synchronous
+    data-parallel training, the baseline the decentralized methods are
+    compared with. No topology is involved (one :func:`jaxfog.allreduce` per
+    step).
+
+    With a ``compressor`` :math:`C`, every agent sends its compressed
+    gradient with error feedback (EF-SGD) and averages what all sent:
+
+    .. math::
+
+        p_i^k = g_i^k + e_i^k, \qquad e_i^{k+1} = p_i^k - C(p_i^k), \qquad
+        u_i^k = \mathrm{inner}\Big( \frac1n \sum_j C(p_j^k) \Big),
+
+    so that, summed over steps, the averaged gradients differ from the true
+    ones only by the residuals left: :math:`\sum_k \frac1n \sum_j
+    C(p_j^k) = \frac1n \sum_j (\sum_k g_j^k - e_j^{K})`. The payloads
+    travel in one :func:`jaxfog.allgather` per step.
+
+    Args:
+      inner: the optimizer applied to the averaged gradient. Its ``update``
+        also receives ``params`` and the extra keyword arguments given to this
+        ``update``.
+      compressor: a :class:`jaxfog.compress.Compressor`, or ``None`` (a dense
+        allreduce).
+      groups, seed: how leaves are grouped and the keys' seed, as for
+        :func:`choco`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is ``inner``'s
+      own (its ``init`` is ``inner.init``), or with a compressor an
+      :class:`ErrorFeedbackState`, and whose updates are ``inner``'s.
+      ``update(grads, state, params=None, **extra)`` needs ``params`` only if
+      ``inner`` does.
+
+    Example::
+
+        params = jaxfog.broadcast(params, root=0)  # the same start everywhere
+        optimizer = jaxfog.optax.gradient_allreduce(optax.adamw(1e-3))
+        opt_state = optimizer.init(params)
+        # ... then the jitted train step of the module docstring
+
+    References:
+      Sergeev, Del Balso. *Horovod: fast and easy distributed deep learning in
+      TensorFlow*. arXiv:1802.05799, 2018.
+    """
+    V.transformation("jaxfog.optax.gradient_allreduce", "inner", inner)
+    if compressor is None:
+        def update(grads, state, params=None, **extra):
+            return inner.update(allreduce(grads), state, params, **extra)
+
+        return optax.GradientTransformationExtraArgs(inner.init, update)
+
+    CG.check_compressor("gradient_allreduce", compressor)
+    CG.check_options("gradient_allreduce", groups, seed)
+
+    def init(params):
+        plan = CG.layout("gradient_allreduce", None, compressor, params, groups,
+                         neighbors=False)
+        return CG.feedback_init(plan.groups, params, inner.init(params), seed)
+
+    def update_compressed(grads, state, params=None, **extra):
+        plan = CG.layout("gradient_allreduce", None, compressor, grads, groups,
+                         neighbors=False)
+        payloads, residual = CG.feedback(compressor, plan.groups, grads, state)
+        mean = C.split(CG.mean_of_all(compressor, payloads), grads, plan.groups)
+        u, inner_state = inner.update(mean, state.inner, params, **extra)
+        return u, ErrorFeedbackState(inner_state, residual, state.key, state.count + 1)
+
+    return optax.GradientTransformationExtraArgs(init, update_compressed)
