@@ -1,6 +1,7 @@
 """The documentation builds: the API reference is generated from the docstrings,
 with warnings as errors (a docstring that does not render, a page or a
-``jaxfog`` name that no longer exists fails here)."""
+``jaxfog`` name that no longer exists fails here). Every ``JAXFOG_*``
+variable is in the environment-variable reference."""
 
 from __future__ import annotations
 
@@ -22,3 +23,23 @@ def test_docs_build_without_warnings(tmp_path):
     for name in ("jaxfog.neighbor_allreduce", "jaxfog.simulate", "jaxfog.optax.atc",
                  "jaxfog.optax.diloco"):
         assert f'id="{name}"' in api, name
+
+
+
+# C preprocessor macros that setup.py passes to the compiler: not environment variables.
+_MACROS = {"JAXFOG_WITH_CUDA", "JAXFOG_WITH_NCCL", "JAXFOG_BUILD_INFO"}
+
+
+def test_every_environment_variable_is_in_the_reference():
+    import re
+
+    root = DOCS.parent
+    files = [root / "setup.py", *root.glob("scripts/*.sh")]
+    for folder in ("jaxfog", "scripts", "tests", "benchmarks", "examples"):
+        files += (root / folder).rglob("*.py")
+    names = {name for f in files for name in re.findall(r"JAXFOG_[A-Z0-9_]*[A-Z0-9]",
+                                                         f.read_text())} - _MACROS
+    assert len(names) > 15, names
+    reference = (DOCS / "environment.rst").read_text()
+    missing = sorted(name for name in names if f"``{name}``" not in reference)
+    assert not missing, f"not in docs/environment.rst: {missing}"
