@@ -10,7 +10,7 @@ compiled as
 * ``split/merge + jax.jit``: the state (``nnx.split`` once) in and out of a
   plain ``jax.jit`` (jaxfog's ordered effect: JAX's Python dispatch path);
 * ``split/merge + jaxfog.jit``: the same function under ``jaxfog.jit`` (C++
-  dispatch), the pattern the README recommends.
+  dispatch), the pattern docs/guide/flax.rst recommends.
 
 Each column is the median over interleaved rounds of the slowest rank's time
 for one blocking step. Rank 0 prints the table and writes

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds jaxfog against a system MPI instead of the mpich wheel and runs it on
-# 2 ranks: the check for the JAXFOG_MPICXX switch (README, "Using a system MPI").
+# 2 ranks: the check for the JAXFOG_MPICXX switch (docs/building.rst, "A system MPI").
 #
 #   apt-get install -y libopenmpi-dev openmpi-bin     # Debian's Open MPI
 #   scripts/check_system_mpi.sh [MPICXX] [MPIEXEC]

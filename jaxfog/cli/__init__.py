@@ -156,7 +156,7 @@ def one_sided_component() -> str:
     hint = "" if size > 1 else " (several ranks may get another, e.g. osc/rdma with " \
         "Open MPI 4: jaxfog run -np 2 jaxfog info)"
     # 32 bits because Open MPI <= 4.1.4's osc/rdma crashes on a 64-bit one on
-    # one node (see jaxfog/ffi/mpi_window.cc and the README).
+    # one node (see jaxfog/ffi/mpi_window.cc and docs/launching.rst).
     return f"osc/{component} ({how}, probed on {size} rank{'s' * (size > 1)}); {mutex}{hint}"
 
 

@@ -131,7 +131,7 @@ def library() -> ctypes.CDLL:
 
 
 #: Where each rank writes its op timeline (a Chrome trace / Perfetto JSON file);
-#: read by ``jaxfog.init()``. See the README's "Timeline" section.
+#: read by ``jaxfog.init()``. See ``docs/guide/timeline.rst``.
 TIMELINE_ENV = "JAXFOG_TIMELINE"
 
 
@@ -193,7 +193,7 @@ def _check_same_mpi(lib: ctypes.CDLL) -> None:
             "jaxfog's FFI library and mpi4py use different MPI libraries:\n"
             f"  jaxfog: {ours.splitlines()[0] if ours else '?'}\n"
             f"  mpi4py: {theirs.splitlines()[0] if theirs else '?'}\n"
-            "rebuild jaxfog against mpi4py's MPI (JAXFOG_MPICXX, see README), or point "
+            "rebuild jaxfog against mpi4py's MPI (JAXFOG_MPICXX, see docs/building.rst), or point "
             "mpi4py at jaxfog's MPI with MPI4PY_LIBMPI")
 
 

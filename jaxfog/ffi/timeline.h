@@ -1,5 +1,5 @@
 // The op timeline: a Chrome trace / Perfetto JSON file per rank showing where
-// each op's time goes (JAXFOG_TIMELINE, see the README).
+// each op's time goes (JAXFOG_TIMELINE, see docs/guide/timeline.rst).
 //
 // Off unless Start() was given a path. Off, a span site costs one relaxed
 // atomic load: no clock read, no allocation, no lock. On, finished spans are

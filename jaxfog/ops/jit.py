@@ -143,8 +143,8 @@ def _arguments_kept(fn: Callable) -> Callable:
                 "the caller's Flax NNX objects would silently stay as they were. Split once "
                 "and pass the state: `graphdef, state = nnx.split((model, optimizer))`; in "
                 "the step, `model, optimizer = nnx.merge(graphdef, state)`, update them and "
-                "return `nnx.state((model, optimizer))` (the fast pattern: see the README's "
-                "Flax section and examples/train_digits_nnx.py). Or use `nnx.jit`, which "
+                "return `nnx.state((model, optimizer))` (the fast pattern: see docs/guide/flax.rst "
+                "and examples/train_digits_nnx.py). Or use `nnx.jit`, which "
                 "carries the updates back but dispatches more slowly.")
         return out
 
