@@ -69,7 +69,9 @@ def test_readme_quickstart_prints_what_the_readme_shows(tmp_path):
     import numpy as np
 
     simulated, expected, mpi, expected_mpi = _quickstart()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAXFOG_TIMEOUT": "60"}
+    # This checkout's jaxfog, whichever one is installed.
+    path = os.pathsep.join([str(DOCS.parent), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAXFOG_TIMEOUT": "60", "PYTHONPATH": path}
     (tmp_path / "quickstart.py").write_text(simulated)
     run = subprocess.run([sys.executable, "quickstart.py"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)
