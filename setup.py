@@ -317,11 +317,11 @@ setup(
     cmdclass={"build_ext": BuildFfi},
     install_requires=_install_requires(),
     extras_require={
-        "demo": ["flax", "matplotlib", "networkx", "scikit-learn"],
+        "demo": ["flax", "matplotlib", "networkx", "rich", "scikit-learn"],
         "checkpoint": ["orbax-checkpoint"],
         # setuptools: tests/test_openmpi.py builds the library against Open MPI.
         "test": ["pytest>=7", "setuptools>=64", "flax", _NCCL_WHEEL, "matplotlib", "networkx",
-                 "orbax-checkpoint", "scipy", "scikit-learn", "sphinx>=7"],
+                 "orbax-checkpoint", "rich", "scipy", "scikit-learn", "sphinx>=7"],
         "docs": ["sphinx>=7"],
         "bench": ["matplotlib", "mpi4jax"],
     },

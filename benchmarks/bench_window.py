@@ -91,7 +91,7 @@ BASELINE = ("mpi4py: `Win.Allocate` window of (1 + in-degree) regions laid out l
             "jaxfog: `x = put(x); x.block_until_ready()` with `put = jaxfog.jit(lambda x: "
             "win_put(x, name), donate_argnums=0)` (as a loop calls it: the returned x is "
             "the donated buffer, no fresh array): its C++ handler (jaxfog/ffi: "
-            "handlers.cc WinPutJob, mpi_window.cc): the same RMA calls, plus the version "
+            "window_handlers.cc WinPutJob, mpi_window.cc): the same RMA calls, plus the version "
             "count of a put.")
 
 

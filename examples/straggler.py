@@ -344,9 +344,13 @@ def main(argv=None) -> dict[str, dict]:
         speeds = np.full(N, one)
         speeds[0] *= 1 + args.straggler
         bars = {m: train_digits.Progress(m, 100, not args.no_progress) for m in METHODS}
-        runs = train_simulated(problem, speeds, message=2e-4, iterations=args.iterations,
-                               every=args.every, chunks=args.chunks,
-                               progress=lambda m, f: bars[m](int(round(100 * f))))
+        try:
+            runs = train_simulated(problem, speeds, message=2e-4, iterations=args.iterations,
+                                   every=args.every, chunks=args.chunks,
+                                   progress=lambda m, f: bars[m](int(round(100 * f))))
+        finally:
+            for bar in bars.values():
+                bar.close()
         rows, where = summarize(problem, runs), "simulated agents, simulated time"
     else:
         if jf.size() != N:
@@ -355,10 +359,14 @@ def main(argv=None) -> dict[str, dict]:
         jf.set_topology(T.exponential(N))
         bars = {m: train_digits.Progress(m, 100, r == 1 and not args.no_progress)
                 for m in METHODS}
-        records, _ = compare_mpi(problem, slowdown=args.straggler,
-                                 iterations=args.iterations, every=args.every,
-                                 emulated_ms=args.emulated_ms,
-                                 progress=lambda m, f: bars[m](min(100, int(100 * f))))
+        try:
+            records, _ = compare_mpi(problem, slowdown=args.straggler,
+                                     iterations=args.iterations, every=args.every,
+                                     emulated_ms=args.emulated_ms,
+                                     progress=lambda m, f: bars[m](min(100, int(100 * f))))
+        finally:
+            for bar in bars.values():
+                bar.close()
         runs = {}
         for method, record in records.items():
             # Every rank's record, gathered (padded to one length) for the evaluation.

@@ -44,6 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import rich.console
+import rich.progress
 
 import jaxfog as jf
 import jaxfog.compress as C
@@ -145,23 +147,44 @@ def methods(n: int, names: list[str], graphs: list[str], lr: float, momentum: fl
 
 
 class Progress:
-    """A one-line progress bar on stderr (rank 0 only, when stderr is a terminal)."""
+    """A progress bar on stderr, drawn by rich when ``enabled`` (callers enable it
+    on one rank) and stderr is a terminal. ``bar(done, note)`` shows ``done`` of
+    ``total`` steps; drawing stops, leaving the bar on screen, once ``done``
+    reaches ``total`` or at ``close()`` (which leaving a ``with`` block calls).
+    Stdout is left alone: the tables printed there are the output."""
 
     def __init__(self, label: str, total: int, enabled: bool):
         self.enabled = enabled and sys.stderr.isatty()
-        self.label, self.total, self.shown = label, total, -1
+        self.label, self.total = label, total
+        self.bar = None  # rich's display, once the first call has started it
 
     def __call__(self, done: int, note: str = "") -> None:
         if not self.enabled:
             return
-        filled = 30 * done // self.total
-        if filled == self.shown and done != self.total:
-            return
-        self.shown = filled
-        bar = "#" * filled + "." * (30 - filled)
-        end = "\n" if done == self.total else ""
-        print(f"\r{self.label:<22} [{bar}] {done}/{self.total} {note}", end=end,
-              file=sys.stderr, flush=True)
+        if self.bar is None:
+            self.bar = rich.progress.Progress(
+                rich.progress.TextColumn("{task.description:<22}", markup=False),
+                rich.progress.BarColumn(bar_width=30), rich.progress.MofNCompleteColumn(),
+                rich.progress.TimeElapsedColumn(),
+                rich.progress.TextColumn("{task.fields[note]}", markup=False),
+                console=rich.console.Console(stderr=True), redirect_stdout=False)
+            self.task = self.bar.add_task(self.label, total=self.total, note=note)
+            self.bar.start()
+        self.bar.update(self.task, completed=done, note=note)
+        if done >= self.total:
+            self.close()
+
+    def close(self) -> None:
+        """Stops drawing (restoring the cursor); later calls draw nothing."""
+        if self.bar is not None:
+            self.bar.stop()
+        self.enabled = False
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch: int,
@@ -207,32 +230,32 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
     one = jax.tree.map(lambda v: np.zeros(v.shape[1:], v.dtype), params) if (
         agents.simulated) else params  # the shapes of one agent's parameters
     sent = method.bytes_per_step(one)
-    bar = Progress(method.label, epochs * steps, progress and agents.is_root)
     rows, elapsed = [], 0.0
-    for epoch in range(epochs):
-        start = time.perf_counter()
-        losses = []
-        if not agents.simulated:
-            jf.comm_stats(reset=True)
-        for i in range(steps):
-            params, opt_state, loss = step(params, opt_state, xs, ys, epoch, i)
-            losses.append(loss)
-            bar(epoch * steps + i + 1, f"epoch {epoch + 1}")
-        losses = jax.block_until_ready(jnp.stack(losses, -1))
-        elapsed += time.perf_counter() - start
-        if not agents.simulated:  # what went on the wire (this rank), per step
-            measured = sum(s.bytes for s in jf.comm_stats().values()) / steps
-        averaged, own, distance, norm = evaluate(params)
-        own = agents.gather(own)
-        step_losses = agents.mean(losses)
-        rows.append({
-            "epoch": epoch + 1, "steps": (epoch + 1) * steps,
-            "loss": float(np.mean(step_losses)), "step_losses": step_losses.tolist(),
-            "test_accuracy": 100 * float(agents.mean(averaged)),
-            "agent_accuracy": [100 * float(np.min(own)), 100 * float(np.max(own))],
-            "spread": float(np.sqrt(agents.mean(distance) / agents.mean(norm))),
-            "bytes_per_step": sent, "wall_time": elapsed,
-            **({} if agents.simulated else {"measured_bytes_per_step": measured})})
+    with Progress(method.label, epochs * steps, progress and agents.is_root) as bar:
+        for epoch in range(epochs):
+            start = time.perf_counter()
+            losses = []
+            if not agents.simulated:
+                jf.comm_stats(reset=True)
+            for i in range(steps):
+                params, opt_state, loss = step(params, opt_state, xs, ys, epoch, i)
+                losses.append(loss)
+                bar(epoch * steps + i + 1, f"epoch {epoch + 1}")
+            losses = jax.block_until_ready(jnp.stack(losses, -1))
+            elapsed += time.perf_counter() - start
+            if not agents.simulated:  # what went on the wire (this rank), per step
+                measured = sum(s.bytes for s in jf.comm_stats().values()) / steps
+            averaged, own, distance, norm = evaluate(params)
+            own = agents.gather(own)
+            step_losses = agents.mean(losses)
+            rows.append({
+                "epoch": epoch + 1, "steps": (epoch + 1) * steps,
+                "loss": float(np.mean(step_losses)), "step_losses": step_losses.tolist(),
+                "test_accuracy": 100 * float(agents.mean(averaged)),
+                "agent_accuracy": [100 * float(np.min(own)), 100 * float(np.max(own))],
+                "spread": float(np.sqrt(agents.mean(distance) / agents.mean(norm))),
+                "bytes_per_step": sent, "wall_time": elapsed,
+                **({} if agents.simulated else {"measured_bytes_per_step": measured})})
     return rows
 
 

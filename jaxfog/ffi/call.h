@@ -1,6 +1,6 @@
 // What every pytree handler decodes from its XLA FFI call frame: its leaves
 // (through `staging` when the call is host-staged; null otherwise), and the
-// bindings the handlers share. Used by the MPI handlers (handlers.cc) and the NCCL ones.
+// bindings the handlers share. Used by the MPI handlers (handler.h) and the NCCL ones.
 #ifndef JAXFOG_FFI_CALL_H_
 #define JAXFOG_FFI_CALL_H_
 

@@ -1,8 +1,10 @@
 // The one table of jaxfog's ops: X(name, Camel, code, label) per op.
 //
 // From it come OpCode, OpName, the exported XLA FFI handler jaxfog_<name>
-// (handlers.cc: a table entry without a Handler<OpCode::k<Camel>> does not
-// compile) and the table Python reads (jaxfog_op_table in c_api.cc).
+// (handler_exports.cc, from the op's Handler<OpCode::k<Camel>> in the
+// *_handlers.cc of its concern: a table entry without its Exports in
+// handler.h does not compile) and the table Python reads (jaxfog_op_table in
+// c_api.cc).
 // `code` travels in message headers: never renumber an op (1..6 are the
 // message ops). `label` is how errors and the timeline name the op.
 #ifndef JAXFOG_FFI_OPS_H_

@@ -2,7 +2,7 @@
 // hot path neither allocates nor faults in fresh pages after the first call of
 // a given size.
 //
-// Buffers are 64-byte aligned: the layouts in handlers.cc and staging.cc put
+// Buffers are 64-byte aligned: the layouts in handler.h and staging.cc put
 // every leaf at a multiple of 64 from the start of its buffer, so that the
 // weighted-sum kernels read cache-line aligned rows.
 //
