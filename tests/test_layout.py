@@ -194,3 +194,13 @@ def test_no_module_above_the_ops_branches_on_the_backend():
             if "_context.current(" in text or "_simulated(" in text or "_on_mpi(" in text:
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{number}: {text.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_architecture_page_names_every_cpp_file():
+    """docs/architecture.rst's table of the C++ library stays true: every
+    source file is in it (the Python modules are, through LAYERS)."""
+    page = (PACKAGE.parent / "docs" / "architecture.rst").read_text()
+    missing = [p.name for p in sorted((PACKAGE / "ffi").glob("*.[ch]*"))
+               if p.suffix in (".h", ".cc")
+               and p.name not in page and f"{p.stem}.{{h,cc}}" not in page]
+    assert not missing, f"not in docs/architecture.rst: {missing}"
