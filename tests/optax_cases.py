@@ -89,8 +89,10 @@ def logistic(n: int, ridge: float = 30.0) -> Problem:
     return Problem("logistic", A, B, ridge, x, float(lipschitz))
 
 
-def train(optimizer, problem: Problem, n: int, steps: int) -> Callable:
-    """Per-agent training: ``fn(a, b) -> x after steps``, on any backend."""
+def train(optimizer, problem: Problem, n: int, steps: int, *, every_step: bool = False
+          ) -> Callable:
+    """Per-agent training: ``fn(a, b) -> x after steps`` (with ``every_step``,
+    the iterate after each step, ``(steps, d)``), on any backend."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -103,9 +105,11 @@ def train(optimizer, problem: Problem, n: int, steps: int) -> Callable:
         def step(carry, _):
             x, state = carry
             updates, state = optimizer.update(jax.grad(loss)(x, a, b), state, x)
-            return (optax.apply_updates(x, updates), state), None
+            x = optax.apply_updates(x, updates)
+            return (x, state), x if every_step else None
 
-        return jax.lax.scan(step, (x0, optimizer.init(x0)), None, length=steps)[0][0]
+        (x, _), path = jax.lax.scan(step, (x0, optimizer.init(x0)), None, length=steps)
+        return path if every_step else x
 
     return agent
 

@@ -35,19 +35,7 @@ def problem():
 def path(optimizer, problem, steps, topology=None):
     """Every agent's iterate after each step, (n, steps, d), simulated."""
     n = problem.A.shape[0]
-    loss = problem.loss(n)
-
-    def agent(a, b):
-        x0 = jnp.zeros(problem.A.shape[-1], a.dtype)
-
-        def step(carry, _):
-            x, state = carry
-            updates, state = optimizer.update(jax.grad(loss)(x, a, b), state, x)
-            x = optax.apply_updates(x, updates)
-            return (x, state), x
-
-        return jax.lax.scan(step, (x0, optimizer.init(x0)), None, length=steps)[1]
-
+    agent = oc.train(optimizer, problem, n, steps, every_step=True)
     graph = T.exponential(n) if topology is None else topology
     return np.asarray(jax.jit(jf.simulate(agent, graph))(problem.A, problem.B))
 
