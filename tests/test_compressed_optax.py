@@ -158,3 +158,22 @@ def test_compressed_optimizers_refuse_bad_arguments():
     with pytest.raises(ValueError, match="cannot merge"):
         jf.simulate(lambda _: jfo.choco(optax.sgd(0.1), compressor=C.low_rank(1), gamma=0.5,
                                         groups=1).init(params), 3)(jnp.zeros(3))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: jfo.choco(optax.sgd(0.1), compressor=C.top_k(0.5), gamma=0.5),
+    lambda: jfo.beer(0.1, compressor=C.top_k(0.5), gamma=0.5),
+], ids=["choco", "beer"])
+def test_a_topology_changed_since_init_is_an_error(make):
+    """init and update keep nothing between calls: the links come from the
+    topology at each call, so a state made for another graph (here: copies of
+    2 in-neighbours on a ring, then 3 on the full graph) is refused by name."""
+    optimizer = make()
+    x = jnp.ones((4, 6))
+    state = jf.simulate(optimizer.init, T.ring(4))(x)
+    again = jf.simulate(lambda g, s, p: optimizer.update(g, s, p)[0], T.ring(4))(x, state, x)
+    assert again.shape == x.shape
+    with pytest.raises(ValueError, match=r"jaxfog\.optax\.(choco|beer): the state holds copies "
+                                         r"of 2 in-neighbours but the topology now has 3"):
+        jf.simulate(lambda g, s, p: optimizer.update(g, s, p)[0], T.fully_connected(4))(
+            x, state, x)

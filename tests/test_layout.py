@@ -204,3 +204,16 @@ def test_architecture_page_names_every_cpp_file():
                if p.suffix in (".h", ".cc")
                and p.name not in page and f"{p.stem}.{{h,cc}}" not in page]
     assert not missing, f"not in docs/architecture.rst: {missing}"
+
+
+def test_import_jaxfog_and_its_op_list_stay_light():
+    """``import jaxfog`` (what ``jaxfog run`` imports) and the op list load
+    neither JAX nor mpi4py (which initialises MPI); the first op used does."""
+    code = ("import sys, jaxfog, jaxfog.ops\n"
+            "names = dir(jaxfog) + list(jaxfog.__all__) + dir(jaxfog.ops)\n"
+            "assert 'neighbor_allreduce' in names and 'win_put' in names, names\n"
+            "bad = [m for m in ('jax', 'mpi4py') if m in sys.modules]\n"
+            "assert not bad, bad\n"
+            "jaxfog.neighbor_allreduce\n"
+            "assert 'jax' in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
