@@ -278,8 +278,9 @@ def choco(inner: optax.GradientTransformation, *, compressor: C.Compressor, gamm
       gamma: the consensus step size, in (0, 1].
       topology: :math:`W`: a :class:`~jaxfog.topology.Topology`, a
         :class:`~jaxfog.topology.Schedule` (see :mod:`jaxfog.optax` for the
-        rule on neighbours that come and go) or ``None``, the current one when
-        ``init`` runs.
+        rule on neighbours that come and go) or ``None``, the current one
+        (read at every call, like every transformation here: a state made
+        by ``init`` for a graph with other in-neighbours is refused).
       groups: how leaves are merged before compression: ``None`` (one group
         per leaf), an int ``y`` (:func:`jaxfog.compress.balanced`), explicit
         groups or a :func:`jaxfog.compress.search` result.

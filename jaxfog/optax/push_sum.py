@@ -262,7 +262,8 @@ def async_push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.p
     ``win_update_then_collect((state.numerator, state.weight), name)``
     (every agent's sum over numerators and weights is then the exact total).
     ``topology`` must be a static :class:`~jaxfog.topology.Topology`
-    (default: the current one when ``init`` runs).
+    (default: the current one, read at every call; its window is made for
+    the graph ``init`` sees).
 
     References:
       Assran, Loizou, Ballas, Rabbat. *Stochastic Gradient Push for
