@@ -17,6 +17,7 @@ from flax import nnx
 
 import jaxfog as jf
 import jaxfog.optax as jfo
+from mpi_harness import mpi_test
 from test_examples_sim import EXAMPLES, _example
 
 
@@ -102,3 +103,24 @@ def test_nnx_example_on_mpi_processes_matches_the_simulated_agents(tmp_path):
     assert sorted(on_mpi) == sorted(here) and len(here) == 6
     for key in here:  # float32, summed in another order: the same training to rounding
         np.testing.assert_allclose(on_mpi[key], here[key], rtol=1e-3, atol=1e-4, err_msg=key)
+
+
+def _integer_leaves():
+    agents = jf.Agents(simulated=4)
+    tree = agents.data(lambda r: {"int32": np.int32(r), "uint32": np.uint32(2 * r),
+                                  "float": np.float32(r)})
+    mean = agents.mean(tree)
+    np.testing.assert_allclose(mean["int32"], 1.5)
+    np.testing.assert_allclose(mean["uint32"], 3.0)
+    assert mean["int32"].dtype == mean["uint32"].dtype == mean["float"].dtype == np.float32
+
+
+def test_agents_mean_of_integer_leaves_is_a_float_mean_simulated():
+    _integer_leaves()
+
+
+@mpi_test([4])
+def test_agents_mean_of_integer_leaves_is_a_float_mean_on_mpi():
+    """The same script as 4 processes: the same means and dtypes (an NNX
+    optimizer's uint32 step counter once failed here, and int32 rounded)."""
+    _integer_leaves()

@@ -306,6 +306,13 @@ def reset_clocks() -> None:
     clock.reset()
 
 
+def _inexact(value: Any) -> jax.Array:
+    """``value`` as ``jnp.mean`` averages it: integers in the default float dtype."""
+    x = jnp.asarray(value)
+    return x if jnp.issubdtype(x.dtype, jnp.inexact) else x.astype(
+        jax.dtypes.canonicalize_dtype(jnp.float64))
+
+
 class Agents:
     """Runs per-agent code on this job's MPI processes, or on simulated agents.
 
@@ -421,7 +428,10 @@ class Agents:
     def mean(self, value: Any) -> Any:
         """The average over agents of a per-agent value (an array or a pytree of
         arrays, e.g. a Flax NNX ``State``), as numpy leaves in the same
-        structure, the same on every rank; collective under MPI."""
+        structure, the same on every rank; collective under MPI. Floating and
+        complex leaves keep their dtype; integer leaves (an optimizer's step
+        counter) are averaged in JAX's default float dtype, as ``jnp.mean``
+        does, on every backend."""
         leaves, treedef = jax.tree.flatten(value)
         for leaf in leaves:
             if not (isinstance(leaf, (jax.Array, np.ndarray, np.generic, int, float))
@@ -435,5 +445,5 @@ class Agents:
         elif self.simulated:
             means = [np.asarray(jnp.mean(jnp.asarray(v), axis=0)) for v in leaves]
         else:
-            means = [np.asarray(v) for v in allreduce([jnp.asarray(v) for v in leaves])]
+            means = [np.asarray(v) for v in allreduce([_inexact(v) for v in leaves])]
         return jax.tree.unflatten(treedef, means)
