@@ -55,11 +55,11 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = sorted([
+__all__ = [
     "Agents", "CommStats", "Delays", "JaxfogError", "JaxfogTimeoutError", "NotInitializedError",
     *_OPS, "async_min_bytes", "comm_stats", "in_neighbor_ranks", "init", "is_homogeneous",
     "is_initialized", "jit", "load_machine_topology", "load_topology", "local_rank",
     "local_size", "machine_rank", "machine_size", "out_neighbor_ranks", "rank", "reset_clocks",
     "set_async_min_bytes", "set_machine_topology", "set_topology", "shutdown", "simulate",
     "size", "topology",
-])
+]

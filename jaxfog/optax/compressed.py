@@ -199,7 +199,7 @@ class Layout(NamedTuple):
     links: Links | None
 
 
-def layout(what: str, topology: Any, compressor: C.Compressor, params: Tree, groups: Any,
+def layout(topology: Any, compressor: C.Compressor, params: Tree, groups: Any,
            *, neighbors: bool = True) -> Layout:
     """The groups for ``params``' structure and, unless ``neighbors=False``,
     the links of ``topology`` (``None``: the current one). Worked out from the
@@ -307,7 +307,7 @@ def choco(inner: optax.GradientTransformation, *, compressor: C.Compressor, gamm
     V.topology("jaxfog.optax.choco", topology)
 
     def init(params):
-        plan = layout("choco", topology, compressor, params, groups)
+        plan = layout(topology, compressor, params, groups)
         key = agent_key(seed)
         parts = C.merge(params, plan.groups)
         return ChocoState(inner.init(params), copies(compressor, parts, degree(plan.links)),
@@ -315,7 +315,7 @@ def choco(inner: optax.GradientTransformation, *, compressor: C.Compressor, gamm
 
     def update(grads, state, params=None, **extra):
         need_params("choco", params)
-        plan = layout("choco", topology, compressor, params, groups)
+        plan = layout(topology, compressor, params, groups)
         check_degree("choco", state.public, plan.links)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         half = C.merge(optax.apply_updates(params, u), plan.groups)
@@ -400,7 +400,7 @@ def beer(learning_rate: float | optax.Schedule, *, compressor: C.Compressor, gam
     learning_rate = V.learning_rate("jaxfog.optax.beer", learning_rate)
 
     def init(params):
-        plan = layout("beer", topology, compressor, params, groups)
+        plan = layout(topology, compressor, params, groups)
         key = agent_key(seed)
         parts = C.merge(params, plan.groups)
         k = degree(plan.links)
@@ -410,7 +410,7 @@ def beer(learning_rate: float | optax.Schedule, *, compressor: C.Compressor, gam
 
     def update(grads, state, params=None, **extra):
         need_params("beer", params)
-        plan = layout("beer", topology, compressor, params, groups)
+        plan = layout(topology, compressor, params, groups)
         check_degree("beer", state.public_x, plan.links)
         groups_, weights = plan.groups, row(plan.links, state.count)
         g = C.merge(grads, groups_)

@@ -243,12 +243,12 @@ def _compressed_awc(inner: optax.GradientTransformation, topology: Any,
                     seed: int) -> optax.GradientTransformationExtraArgs:
 
     def init(params):
-        plan = CG.layout("awc", topology, compressor, params, groups)
+        plan = CG.layout(topology, compressor, params, groups)
         return CG.feedback_init(plan.groups, params, inner.init(params), seed)
 
     def update(grads, state, params=None, **extra):
         need_params("awc", params)
-        plan = CG.layout("awc", topology, compressor, params, groups)
+        plan = CG.layout(topology, compressor, params, groups)
         payloads, residual = CG.feedback(compressor, plan.groups, params, state)
         mix = C.split(CG.neighbor_mix(compressor, plan.links, payloads, state.count),
                       params, plan.groups)
@@ -327,13 +327,11 @@ def gradient_allreduce(inner: optax.GradientTransformation, *,
     CG.check_options("gradient_allreduce", groups, seed)
 
     def init(params):
-        plan = CG.layout("gradient_allreduce", None, compressor, params, groups,
-                         neighbors=False)
+        plan = CG.layout(None, compressor, params, groups, neighbors=False)
         return CG.feedback_init(plan.groups, params, inner.init(params), seed)
 
     def update_compressed(grads, state, params=None, **extra):
-        plan = CG.layout("gradient_allreduce", None, compressor, grads, groups,
-                         neighbors=False)
+        plan = CG.layout(None, compressor, grads, groups, neighbors=False)
         payloads, residual = CG.feedback(compressor, plan.groups, grads, state)
         mean = C.split(CG.mean_of_all(compressor, payloads), grads, plan.groups)
         u, inner_state = inner.update(mean, state.inner, params, **extra)

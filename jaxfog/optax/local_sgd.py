@@ -363,7 +363,7 @@ def diloco(inner: optax.GradientTransformation,
     def init(params):
         residual = ()
         if compressor is not None:
-            plan = CG.layout("diloco", None, compressor, params, groups, neighbors=False)
+            plan = CG.layout(None, compressor, params, groups, neighbors=False)
             residual = [jnp.zeros_like(p) for p in C.merge(params, plan.groups)]
         return DiLoCoState(inner.init(params), outer.init(params), params, residual,
                            CG.agent_key(seed), jnp.zeros([], jnp.int32))
@@ -372,7 +372,7 @@ def diloco(inner: optax.GradientTransformation,
         """(mixed anchor, mixed pseudo-gradient, new residual)."""
         delta = _sub(anchor, theta)
         if compressor is not None:
-            plan = CG.layout("diloco", None, compressor, delta, groups, neighbors=False)
+            plan = CG.layout(None, compressor, delta, groups, neighbors=False)
             p = [d + e for d, e in zip(C.merge(delta, plan.groups), residual)]
             payloads = C.compress_groups(compressor, p, CG.step_key(key, t))
             residual = [a - compressor.decompress(q) for a, q in zip(p, payloads)]
