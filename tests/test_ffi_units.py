@@ -455,6 +455,8 @@ def test_nccl_transport_checks_validates_and_watches(tmp_path):
     info = ffi.build_info()
     if not (info.get("nccl_built") and info.get("cudart")):
         pytest.skip("the library was built without NCCL")
+    mpicxx, mpiexec = ffi.mpi_tools()
+    assert mpicxx and mpiexec, f"no MPI wrappers for the library's MPI ({info['mpicxx']})"
     nccl_include = Path(list(nvidia.nccl.__path__)[0]) / "include"
     cuda = Path(info["cuda_home"])
     main = tmp_path / "main.cc"
@@ -463,14 +465,13 @@ def test_nccl_transport_checks_validates_and_watches(tmp_path):
     sources = [str(FFI / name) for name in ("nccl_transport.cc", "nccl_api.cc",
                                             "mpi_transport.cc", "timeline.cc")]
     built = subprocess.run(
-        [info["mpicxx"], "-std=c++17", "-O1", "-Wall", "-Werror", "-pthread",
+        [mpicxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-pthread",
          "-DJAXFOG_WITH_CUDA=1", "-DJAXFOG_WITH_NCCL=1", "-I", str(FFI), "-isystem",
          _jaxlib_include(), "-isystem", str(cuda / "include"), "-isystem", str(nccl_include),
          str(main), *sources, "-o", str(binary), info["cudart"], "-ldl", "-lrt"],
         capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
-    mpiexec = Path(info["mpicxx"]).parent / "mpiexec"
-    done = subprocess.run([str(mpiexec), "-n", "2", str(binary)], capture_output=True,
+    done = subprocess.run([mpiexec, "-n", "2", str(binary)], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     # Each rank prints "ok" (mpiexec may interleave the two lines' characters).

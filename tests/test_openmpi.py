@@ -194,11 +194,7 @@ extern "C" int MPI_Compare_and_swap(const void* origin, const void* compare, voi
 
 def _installed_mpicxx() -> str | None:
     """The compiler wrapper of the MPI the installed library uses."""
-    info = ffi.build_info()
-    candidates = [info.get("mpicxx") if info.get("system_mpi") else None,
-                  str(Path(sys.executable).parent / "mpicxx"), info.get("mpicxx"),
-                  shutil.which("mpicxx")]
-    return next((c for c in candidates if c and Path(c).exists()), None)
+    return ffi.mpi_tools()[0]
 
 
 def test_window_mutex_needs_no_64_bit_compare_and_swap(tmp_path):

@@ -125,6 +125,12 @@ def test_info_reports_versions_mpi_and_library():
     build = ffi.build_info()
     assert f"CUDA support built: {'yes' if build['cuda_built'] else 'no'}" in text
     assert f"NCCL support built: {'yes' if build['nccl_built'] else 'no'}" in text
+    links = ffi.link_info()
+    assert (f"libstdc++: shared ({links['libstdc++']})" in text
+            or "libstdc++: static (private to the library)" in text), text
+    assert f"MPI library file: shared ({links['libmpi']})" in text
+    assert ("CUDA runtime: static (private to the library)" if build["cuda_built"]
+            else "CUDA runtime: not linked") in text
     if build["nccl_built"] and importlib.util.find_spec("nvidia.nccl"):
         version = importlib.metadata.version("nvidia-nccl-cu13")
         assert f"NCCL library: {version} (" in text, text

@@ -4,9 +4,13 @@ MPI's library whatever ``JAXFOG_MPICXX`` said), and the MPI is linked by path.""
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,7 +97,7 @@ def _build_probe(build, tmp_path: Path, mpicxx: str, monkeypatch) -> Path:
     """Runs setup.py's build_ext on a one-file stand-in for the FFI library
     (its build info and nothing else) with ``JAXFOG_MPICXX=mpicxx``."""
     source = tmp_path / "probe.cc"
-    if not source.exists():
+    if not source.exists():  # a test may write its own
         source.write_text('#include "build_info.h"\n'
                           'extern "C" const char* probe_info() { return JAXFOG_BUILD_INFO; }\n')
     monkeypatch.setenv("JAXFOG_MPICXX", mpicxx)
@@ -136,3 +140,93 @@ def test_mpi_libraries_are_linked_by_path(build, tmp_path):
     (mpi / "libmpi.so").write_text("")
     found = build["_mpi_library_paths"]([str(tmp_path / "none"), str(mpi)], ["mpi", "pthread"])
     assert found == {"mpi": str(mpi / "libmpi.so")}  # -lpthread stays a -l
+
+
+# --- what the library exports -------------------------------------------------
+
+def _exports(library: Path) -> list[tuple[str, str]]:
+    """(type, demangled name) of every symbol the library defines for others
+    (nm's type ``u`` is a GNU_UNIQUE symbol: one copy per process)."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.fail("nm (binutils) is needed: the linker that built jaxfog has it")
+    out = subprocess.run([nm, "-D", "--defined-only", "-C", str(library)], check=True,
+                         capture_output=True, text=True).stdout
+    return [tuple(line.split(None, 2)[1:]) for line in out.splitlines() if line.strip()]
+
+
+def _leaks(exports: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(kind, name) for kind, name in exports
+            if kind == "u" or "std::" in name or not name.startswith("jaxfog_")]
+
+
+def test_installed_library_exports_only_its_entry_points():
+    exports = _exports(ffi.LIBRARY_PATH)
+    assert not _leaks(exports), _leaks(exports)[:20]
+    names = {name for _, name in exports}
+    assert {"jaxfog_build_info", "jaxfog_link_info"} <= names
+    assert {op.target for op in ffi.op_table().values()} <= names
+
+
+# Pulls in libstdc++'s streams and locale facets: what ml_dtypes ran inside
+# jaxfog's copy of libstdc++ when that copy was exported.
+_STATIC_PROBE = r'''
+#include <locale>
+#include <sstream>
+#include <string>
+#include "build_info.h"
+extern "C" __attribute__((visibility("default"))) const char* jaxfog_probe(double x) {
+  static std::string text;
+  std::ostringstream out;
+  out.imbue(std::locale::classic());
+  out << x << JAXFOG_BUILD_INFO;
+  text = out.str();
+  return text.c_str();
+}
+'''
+
+
+def test_a_static_libstdcxx_build_exports_no_std_symbol(build, tmp_path, monkeypatch):
+    """The GPU image's compiler links libstdc++ statically; -static-libstdc++
+    does the same here. setup.py's link keeps that copy private."""
+    monkeypatch.delenv("JAXFOG_MPICXX", raising=False)
+    try:
+        mpicxx = build["_find_mpicxx"]()
+    except RuntimeError as err:
+        pytest.skip(str(err))
+    source = tmp_path / "probe.cc"
+    source.write_text(_STATIC_PROBE)
+    monkeypatch.setenv("LDFLAGS", "-static-libstdc++ -static-libgcc")
+    library = _build_probe(build, tmp_path, mpicxx, monkeypatch)
+    needed = subprocess.run(["readelf", "-d", str(library)], check=True, capture_output=True,
+                            text=True).stdout
+    assert "libstdc++" not in needed, "the probe did not link libstdc++ statically"
+    exports = _exports(library)
+    assert [name for _, name in exports] == ["jaxfog_probe"], _leaks(exports)[:20]
+    # The hazard is real: the same object linked without setup.py's export
+    # rules exports libstdc++, GNU_UNIQUE locale ids included.
+    objects = list((tmp_path / "temp").rglob("probe.o"))
+    bare = tmp_path / "bare.so"
+    subprocess.run([mpicxx, "-shared", "-static-libstdc++", "-static-libgcc", *map(str, objects),
+                    "-o", str(bare)], check=True, capture_output=True, text=True)
+    leaked = _leaks(_exports(bare))
+    assert any(kind == "u" for kind, _ in leaked) and any("std::" in n for _, n in leaked)
+
+
+def test_library_is_loaded_locally_and_its_mpi_globally():
+    """Only libmpi (for mpi4py and the MPI's plugins) enters the global symbol
+    scope; the library itself stays local."""
+    probe = ("import ctypes, json\n"
+             "from jaxfog import ffi\n"
+             "ffi.library()\n"
+             "scope = ctypes.CDLL(None)\n"
+             "print(hasattr(scope, 'jaxfog_build_info'), hasattr(scope, 'MPI_Get_library_version'))\n"
+             "print(json.dumps(ffi.link_info()))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    first, links = done.stdout.splitlines()[:2]
+    assert first == "False True", done.stdout
+    links = json.loads(links)
+    assert links["libmpi"] != "static" and "libmpi" in Path(links["libmpi"]).name
+    assert links["libstdc++"] == "static" or "libstdc++" in links["libstdc++"]

@@ -122,6 +122,7 @@ def info_lines() -> list[str]:
             f"NCCL support built: {'yes' if build.get('nccl_built') else 'no'}"
             f" (NCCL headers: {build.get('nccl_include') or 'not found'})",
             f"NCCL library: {_nccl_version() if build.get('nccl_built') else 'not used'}",
+            *_link_lines(ffi.link_info()),
         ]
     except ImportError as err:
         lines.append(f"FFI library: NOT USABLE: {err}")
@@ -158,6 +159,19 @@ def one_sided_component() -> str:
     # 32 bits because Open MPI <= 4.1.4's osc/rdma crashes on a 64-bit one on
     # one node (see jaxfog/ffi/mpi_window.cc and docs/launching.rst).
     return f"osc/{component} ({how}, probed on {size} rank{'s' * (size > 1)}); {mutex}{hint}"
+
+
+def _link_lines(links: dict[str, str]) -> list[str]:
+    """How the FFI library links its runtimes; a static one is private to it
+    (only ``jaxfog_*`` symbols are exported)."""
+    def how(name: str) -> str:
+        where = links.get(name)
+        if where is None:
+            return "not linked"
+        return "static (private to the library)" if where == "static" else f"shared ({where})"
+
+    return [f"libstdc++: {how('libstdc++')}", f"MPI library file: {how('libmpi')}",
+            f"CUDA runtime: {how('cudart')}"]
 
 
 def _nccl_version() -> str:

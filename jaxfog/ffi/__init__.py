@@ -1,11 +1,14 @@
 """Loading the compiled FFI library and registering its handlers with XLA.
 
-Both this library and ``mpi4py`` must use one and the same ``libmpi``. When
-mpi4py is not loaded yet, the library is opened with ``RTLD_GLOBAL``: its
-``libmpi`` (found through the build-time rpath, e.g. a system Open MPI) becomes
-globally visible and mpi4py adopts it. If that rpath is gone (a wheel built in
-pip's temporary build environment), mpi4py loads its MPI first and the loader
-reuses it for this library by soname. Either way a version check follows.
+The library is opened ``RTLD_LOCAL``: nothing of it but its ``jaxfog_*`` entry
+points is visible to other libraries (a global library that carries a static
+libstdc++ crashed every process on a GPU image). Both this library and
+``mpi4py`` must use one and the same ``libmpi``. When mpi4py is not loaded yet,
+the ``libmpi`` this library was linked against (found through the build-time
+rpath, e.g. a system Open MPI) is made global on its own, so that mpi4py and
+the MPI's plugins adopt it. If that rpath is gone (a wheel built in pip's
+temporary build environment), mpi4py loads its MPI first and the loader reuses
+it for this library by soname. Either way a version check follows.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import functools
 import json
 import os
 import sys
+import sysconfig
 import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -54,6 +58,40 @@ def build_info() -> dict[str, Any]:
     return json.loads(library().jaxfog_build_info().decode())
 
 
+def _make_global(path: str) -> None:
+    """Promotes an already loaded shared library (with its dependencies) to
+    global symbol scope, loading nothing new."""
+    if path and Path(path).resolve() != LIBRARY_PATH:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL | os.RTLD_NOLOAD)
+
+
+def link_info() -> dict[str, str]:
+    """How the library was linked: for each runtime (``libstdc++``, ``libmpi``,
+    ``cudart`` when CUDA was built) ``"static"`` if the library carries its own
+    copy, else the path of the shared library it uses."""
+    files = json.loads(library().jaxfog_link_info().decode())
+    return {name: "static" if path and Path(path).resolve() == LIBRARY_PATH else path or "?"
+            for name, path in files.items()}
+
+
+def mpi_tools() -> tuple[str | None, str | None]:
+    """(mpicxx, mpiexec) of the MPI the library was built against, as they are
+    now: the wrappers recorded at build time if they still exist, else, for the
+    ``mpich`` wheel (pip builds in a temporary environment that it deletes),
+    this environment's copies of that wheel's wrappers. None where there is none."""
+    info = build_info()
+    candidates = [Path(info["mpicxx"])] if info.get("mpicxx") else []
+    if not info.get("system_mpi"):
+        candidates += [Path(sysconfig.get_path("scripts")) / "mpicxx",
+                       Path(sys.executable).parent / "mpicxx"]
+    for mpicxx in candidates:
+        if mpicxx.exists():
+            # mpicxx.openmpi goes with mpiexec.openmpi
+            mpiexec = mpicxx.with_name(mpicxx.name.replace("mpicxx", "mpiexec", 1))
+            return str(mpicxx), str(mpiexec) if mpiexec.exists() else None
+    return None, None
+
+
 def _string(function, size: int = 8192) -> str:
     buffer = ctypes.create_string_buffer(size)
     if function(buffer, size) != 0:
@@ -73,13 +111,16 @@ def library() -> ctypes.CDLL:
     lib = None
     if "mpi4py.MPI" not in sys.modules:
         try:
-            lib = ctypes.CDLL(str(LIBRARY_PATH), mode=ctypes.RTLD_GLOBAL)
+            lib = ctypes.CDLL(str(LIBRARY_PATH), mode=ctypes.RTLD_LOCAL)
         except OSError:
             pass  # its libmpi is not where it was built: let mpi4py find one
+        else:
+            lib.jaxfog_link_info.restype = ctypes.c_char_p
+            _make_global(json.loads(lib.jaxfog_link_info().decode())["libmpi"])
     from mpi4py import MPI  # noqa: F401
 
     if lib is None:
-        lib = ctypes.CDLL(str(LIBRARY_PATH))
+        lib = ctypes.CDLL(str(LIBRARY_PATH), mode=ctypes.RTLD_LOCAL)
     lib.jaxfog_register_mpi_comm.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_double,
                                              ctypes.c_int64, ctypes.c_char_p, ctypes.c_int]
     lib.jaxfog_register_mpi_comm.restype = ctypes.c_int
@@ -112,6 +153,7 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_win_free.argtypes = [ctypes.c_int64]
     lib.jaxfog_win_free.restype = ctypes.c_int
     lib.jaxfog_build_info.restype = ctypes.c_char_p
+    lib.jaxfog_link_info.restype = ctypes.c_char_p
     lib.jaxfog_op_table.restype = ctypes.c_char_p
     lib.jaxfog_traffic.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_int]
     lib.jaxfog_traffic.restype = ctypes.c_int

@@ -1,11 +1,13 @@
 // Plain C entry points for the Python runtime (loaded with ctypes). They run
 // at init/shutdown only, never on the hot path.
+#include <dlfcn.h>
 #include <malloc.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
 #include <utility>
@@ -186,6 +188,33 @@ __attribute__((visibility("default"))) int jaxfog_mpi_query_thread() {
 // JSON describing how the library was built (MPI wrapper, CUDA/NCCL).
 __attribute__((visibility("default"))) const char* jaxfog_build_info() {
   return JAXFOG_BUILD_INFO;
+}
+
+// JSON naming the file that defines, for this library, a function of each
+// runtime it links: libstdc++, libmpi and (when built) the CUDA runtime. A
+// runtime linked statically is this library's own path. Python uses it to say
+// how the library was linked (`jaxfog info`) and to make its libmpi global.
+__attribute__((visibility("default"))) const char* jaxfog_link_info() {
+  static const std::string* json = [] {
+    auto file_of = [](void* address) -> std::string {
+      Dl_info info;
+      if (dladdr(address, &info) == 0 || info.dli_fname == nullptr) return "";
+      std::string escaped;  // a path may hold quotes or backslashes
+      for (const char* c = info.dli_fname; *c; ++c) {
+        if (*c == '"' || *c == '\\') escaped += '\\';
+        escaped += *c;
+      }
+      return escaped;
+    };
+    std::string text = "{\"libstdc++\": \"" +
+                       file_of(reinterpret_cast<void*>(&std::terminate)) + "\", \"libmpi\": \"" +
+                       file_of(reinterpret_cast<void*>(&MPI_Get_library_version)) + "\"";
+#ifdef JAXFOG_WITH_CUDA
+    text += ", \"cudart\": \"" + file_of(reinterpret_cast<void*>(&cudaGetDeviceCount)) + "\"";
+#endif
+    return new std::string(text + "}");  // never freed: the pointer is handed out
+  }();
+  return json->c_str();
 }
 
 // The op table of ops.h as JSON, for the Python side:
