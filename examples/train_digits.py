@@ -3,6 +3,7 @@
     jaxfog run -np 4 python examples/train_digits.py    # 4 MPI processes
     python examples/train_digits.py                      # 4 simulated agents
     jaxfog run -np 4 python examples/train_digits.py --mesh  # a 4-device JAX mesh
+    python examples/train_digits.py --mesh               # 4 agents on this process's devices
 
 Each of the 4 agents holds a different slice of the training set: the rows
 sorted by label and dealt in contiguous blocks, so agent 0 sees mostly 0s, 1s
@@ -330,8 +331,9 @@ def main(argv=None) -> dict[str, list[dict[str, Any]]]:
                              "(MergeComp); default one group per leaf")
     parser.add_argument("--agents", type=int, default=4, help="without a launcher")
     parser.add_argument("--mesh", action="store_true",
-                        help="one agent per device of every process (jax.distributed under "
-                             "jaxfog run; simulate(mesh=...))")
+                        help="on a device mesh (simulate(mesh=...)): one agent per device of "
+                             "every process under jaxfog run (jax.distributed), --agents "
+                             "spread over this process's devices without it")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="train_digits_results",
                         help="directory for train_digits.{png,md,json}")
@@ -339,7 +341,16 @@ def main(argv=None) -> dict[str, list[dict[str, Any]]]:
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
     args = parser.parse_args(argv)
 
-    agents = jf.Agents(simulated=args.agents, mesh=args.mesh or None)
+    if args.mesh:
+        import jaxfog.mesh
+
+        jaxfog.mesh.init_distributed()  # before anything asks JAX for its devices
+        # One process (no launcher): the --agents agents spread over its devices,
+        # several per device (one GPU holds all 4); under jaxfog run, one per device.
+        per_device = max(1, args.agents // jax.device_count()) if jax.process_count() == 1 else 1
+        agents = jf.Agents(mesh=True, per_device=per_device)
+    else:
+        agents = jf.Agents(simulated=args.agents)
     n = agents.size
     where = (f"{n} agents on a device mesh" if agents.mesh is not None else
              f"{n} simulated agents" if agents.simulated else f"{n} MPI processes")

@@ -28,6 +28,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxfog.errors import JaxfogError
+
 #: The mesh axis that holds the agents (``agent_mesh``'s, and what
 #: ``simulate(mesh=...)`` looks for when the mesh has several axes).
 AXIS = "agents"
@@ -75,7 +77,52 @@ def init_distributed(*, coordinator: str | None = None, cpu_collectives: str = "
             coordinator = f"{socket.gethostname()}:{port}"
         coordinator = MPI.COMM_WORLD.bcast(coordinator, root=0)
     jax.distributed.initialize(coordinator, num_processes=size, process_id=rank)
+    if launched is not None:
+        from mpi4py import MPI
+
+        refusal = shared_gpus(MPI.COMM_WORLD.allgather(gpu_identity()))
+        if refusal is not None:  # every process alike: none waits alone in a collective
+            raise JaxfogError(f"jaxfog.mesh.init_distributed: {refusal}")
     return jax.process_count()
+
+
+def gpu_identity() -> tuple[str, list[str]] | None:
+    """(host, the physical GPUs this process's JAX drives), or None off the GPU.
+
+    A GPU is named by its entry in CUDA_VISIBLE_DEVICES (``jaxfog run`` gives
+    each local rank one) or, without it, by its ordinal."""
+    devices = jax.local_devices()
+    if not devices or devices[0].platform != "gpu":
+        return None
+    visible = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+               if g.strip()]
+    ids = [visible[d.local_hardware_id] if d.local_hardware_id < len(visible)
+           else str(d.local_hardware_id) for d in devices]
+    return socket.gethostname(), ids
+
+
+def shared_gpus(identities: Sequence[tuple[str, list[str]] | None]) -> str | None:
+    """Why these processes cannot form one GPU mesh, or None.
+
+    XLA's collectives between GPUs are NCCL's, and NCCL takes one process per
+    GPU: processes that share one fail at their first collective (the digits
+    demo on 4 processes and one H200: "Duplicate GPU detected"), some after
+    others already wait in it. Decided from every process's
+    :func:`gpu_identity`, before any collective."""
+    owner: dict[tuple[str, str], int] = {}
+    for process, identity in enumerate(identities):
+        if identity is None:
+            continue
+        host, gpus = identity
+        for gpu in gpus:
+            if (host, gpu) in owner:
+                return (f"processes {owner[host, gpu]} and {process} share GPU {gpu} on "
+                        f"{host}, and XLA's GPU collectives (NCCL) take one process per GPU: "
+                        "launch at most one process per GPU, or run the agents in one "
+                        "process, several per device (jaxfog.Agents(mesh=True, "
+                        "per_device=k), simulate(mesh=...) with k agents per device)")
+            owner[host, gpu] = process
+    return None
 
 
 def agent_mesh(devices: Sequence[Any] | None = None, *, axis_name: str = AXIS) -> Mesh:

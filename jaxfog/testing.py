@@ -50,23 +50,34 @@ class MpiResult:
 TEST_PLATFORMS_ENV = "JAXFOG_TEST_PLATFORMS"
 
 
-def run_mpi(nprocs: int, file: str | os.PathLike, function: str, *, timeout: float = 120,
-            env: Mapping[str, str] | None = None) -> MpiResult:
-    """Runs ``function`` from ``file`` on ``nprocs`` ranks; never hangs past ``timeout``.
+def platforms() -> str:
+    """The JAX platforms test launches use: ``JAXFOG_TEST_PLATFORMS``, default ``cpu``."""
+    return os.environ.get(TEST_PLATFORMS_ENV, "cpu")
 
-    The ranks run JAX on the CPU, or on ``JAXFOG_TEST_PLATFORMS`` (e.g. ``cuda``:
-    the GPU check runs the multi-rank suite on GPU arrays).
-    """
+
+def launch_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a test launch: JAX on :func:`platforms`, a bounded
+    JAXFOG_TIMEOUT, unbuffered output, no GPU memory taken up front."""
     # XLA_PYTHON_CLIENT_PREALLOCATE: ranks sharing a GPU must not each take 75% of it.
-    full_env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-                **os.environ, "JAXFOG_TIMEOUT": "30", "PYTHONUNBUFFERED": "1",
-                "JAX_PLATFORMS": os.environ.get(TEST_PLATFORMS_ENV, "cpu"), **(env or {})}
-    command = launcher.build_command(
-        [sys.executable, "-m", "jaxfog.testing", str(Path(file).resolve()), function],
-        nprocs, env=full_env)
+    return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+            **os.environ, "JAXFOG_TIMEOUT": "30", "PYTHONUNBUFFERED": "1",
+            "JAX_PLATFORMS": platforms(), **(env or {})}
+
+
+def run_command(command: Sequence[str], *, timeout: float,
+                env: Mapping[str, str] | None = None) -> MpiResult:
+    """Runs ``command`` (e.g. ``jaxfog run -np 4 ...``) with stdout and stderr
+    merged; never past ``timeout``, and nothing it started outlives it.
+
+    ``subprocess.run(timeout=...)`` kills only its child: ``jaxfog run`` dies,
+    and mpiexec and the ranks go on (holding the GPU). Here the command runs
+    in a session of its own, and the whole session is killed at the timeout,
+    or when this process is interrupted (Ctrl-C, pytest-timeout).
+    """
     start = time.monotonic()
-    process = subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(list(command), env=None if env is None else dict(env),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
     try:
         output, _ = process.communicate(timeout=timeout)
         returncode: int | None = process.returncode
@@ -74,7 +85,25 @@ def run_mpi(nprocs: int, file: str | os.PathLike, function: str, *, timeout: flo
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
         returncode = None
-    return MpiResult(command, returncode, output, time.monotonic() - start)
+    except BaseException:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    return MpiResult(list(command), returncode, output, time.monotonic() - start)
+
+
+def run_mpi(nprocs: int, file: str | os.PathLike, function: str, *, timeout: float = 120,
+            env: Mapping[str, str] | None = None) -> MpiResult:
+    """Runs ``function`` from ``file`` on ``nprocs`` ranks; never hangs past ``timeout``.
+
+    The ranks run JAX on the CPU, or on ``JAXFOG_TEST_PLATFORMS`` (e.g. ``cuda``:
+    the GPU check runs the multi-rank suite on GPU arrays).
+    """
+    full_env = launch_environment(env)
+    command = launcher.build_command(
+        [sys.executable, "-m", "jaxfog.testing", str(Path(file).resolve()), function],
+        nprocs, env=full_env)
+    return run_command(command, timeout=timeout, env=full_env)
 
 
 def _load(file: str):

@@ -1,51 +1,171 @@
 #!/usr/bin/env bash
-# The GPU check, in stages that each fit one device call (a command may run
-# 10 minutes; a session has about 30 minutes of GPU time; the machine stays
-# warm 30 s, so every stage installs and builds what it needs itself).
+# The GPU check in one device call: every stage in priority order under one
+# global deadline, every stage's log written under $OUT as it goes.
 #
-#   bash scripts/gpu_check.sh STAGE...      (device tool: carry=["wheels"])
+#   bash scripts/gpu_wheels.sh                 # here: the mpich wheel into wheels/
+#   bash scripts/gpu_check.sh                  # device tool: carry=["wheels"], timeout_s=480
+#   bash scripts/gpu_check.sh STAGE...         # only these stages, in the order given
 #
-# Stages, smallest first (each well under 8 minutes; every step has its own
-# timeout, so one hang cannot eat the call):
-#   probe           the machine: GPU, CUDA headers and static cudart, JAX, NCCL, mpi4py
-#   mpi             the carried MPI wheel installed; a 2-rank MPI hello
-#   build           jaxfog built; `jaxfog info`; no CUDA symbol exported; the build,
-#                   JAX-compat and C++ unit tests
-#   staged          one process, host staging (JAXFOG_BACKEND=mpi): ops on GPU arrays vs
-#                   numpy; simulated agents on the GPU
-#   nccl            one process over NCCL: a forced self exchange (push-pull weights;
-#                   f32/bf16/f16/int32), the collectives; two ranks on one GPU refused
-#   gpu-tests       tests/test_gpu.py whole (2 and 4 host-staged ranks sharing the GPU)
-#   mpi-suite       test_ops_mpi on GPU arrays, host-staged
+# Why one call: the GPU machine is lent 15 minutes per session, each start
+# (about a minute) included; a command may run 10 minutes; it stays warm 30 s;
+# only 8 files come back from $OUT. So the default run takes at most
+# GPU_CHECK_DEADLINE seconds (default 420) and writes at most 8 files.
+#
+# Default stages, most important first (the crash check leads; a failed build
+# ends the run, since nothing after it can load the library):
+#   build           the carried MPI wheel installed; jaxfog built (only if the library
+#                   is missing or stale: pip install --no-build-isolation --no-deps -e .);
+#                   `jaxfog info`; the exported-symbol check (no std::, GNU_UNIQUE,
+#                   cuda* or nccl* symbol)
+#   gpu-tests       tests/test_gpu.py whole (staged and nccl are parts of it)
+#   exit            scripts/exit_probe.py on the GPU: how long a process that used it
+#                   takes to exit, phase by phase (NCCL, host-staged, 2 ranks)
+#   mpi-suite       tests/test_ops_mpi.py on GPU arrays, host-staged
 #   training        optax, windows and the digits demo on GPU arrays, host-staged
 #   bench-sim       the simulation backend, n = 16..1024 agents, d = 1e4..1e7
 #   bench-exchange  exchange 1 KB..256 MB (NCCL, staged) against device copies and
 #                   host round trips; dispatch on GPU
-# Logs and tables go to $OUT (what comes back from the device tool).
+# Explicit only: probe (the machine), mpi (a 2-rank MPI hello), units (build, JAX-compat
+# and C++ unit tests), staged and nccl (the two halves of gpu-tests).
+#
+# Files under $OUT (8 at most; each log is appended to while its steps run, so a
+# step killed at its limit keeps what it printed):
+#   summary.log      one line per step: start, limit, exit status, seconds; skips
+#   build.log        probe, mpi, build, units
+#   gpu.log          gpu-tests, staged, nccl, exit
+#   suites.log       mpi-suite, training
+#   bench.log        bench-sim, bench-exchange
+#   simulate_DEV.md, exchange_DEV.md, dispatch_2ranks_DEV.md: the tables, named by the
+#                    device (DEV from nvidia-smi: h200, h100, ...), as they belong in
+#                    benchmarks/results/
+#
+# Time: each step runs under `timeout` with min(its own limit, what is left of the
+# deadline less a kill grace); a step that would get under GPU_CHECK_MIN_STEP
+# seconds (default 5) is skipped and said so. pytest gets per-test timeouts
+# shorter than its step (pytest-timeout where installed, else faulthandler's
+# stack dump), and scripts/pytest_progress.py prints each test's outcome and
+# failure report as it ends.
+#
+# Environment: OUT (default /tmp/gpu_check), GPU_CHECK_DEADLINE (seconds, default
+# 420), GPU_CHECK_MIN_STEP, GPU_CHECK_PLAN=1 (print the steps and their limits,
+# run nothing), GPU_CHECK_NO_BUILD=1 (never build; fail if the library is
+# missing or stale), PYTHON (default python3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 OUT=${OUT:-/tmp/gpu_check}
-mkdir -p "$OUT"
-LOG="$OUT/gpu_check.log"
+DEADLINE=${GPU_CHECK_DEADLINE:-420}
+MIN_STEP=${GPU_CHECK_MIN_STEP:-5}
+PLAN=${GPU_CHECK_PLAN:-0}
 PY=${PYTHON:-python3}
+GRACE=5        # timeout's --kill-after: SIGKILL this long after SIGTERM
+MAX_FILES=8    # what the device tool brings back
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.log"
+LOG="$SUMMARY"
 # Several processes share the one GPU: none may take 75% of it up front.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+export PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}"  # pytest_progress
 status=0
+skipped=()
+failed=()
 
-say() { echo "== $*" | tee -a "$LOG"; }
+elapsed() { echo $((SECONDS)); }
+say() {
+  local line="== [$(elapsed)s] $*"
+  echo "$line"
+  echo "$line" >>"$SUMMARY"
+  [ "$LOG" = "$SUMMARY" ] || echo "$line" >>"$LOG"
+}
 
-# step SECONDS COMMAND...: one bounded step; its output goes to the log.
+# step NAME LIMIT COMMAND...: COMMAND bounded by LIMIT and by the deadline, its
+# output appended to the stage's log. 0 ok, 125 skipped, else its exit status
+# (a failure counts against the run unless STEP_SOFT=1: a question, not a check).
+STEP_LIMIT=0
 step() {
-  local limit=$1
-  shift
-  say "$* (limit ${limit} s)"
-  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$LOG"
-  local rc=${PIPESTATUS[0]}
-  if [ "$rc" != 0 ]; then
-    status=1
-    if [ "$rc" = 124 ]; then say "timed out after ${limit} s"; else say "exit $rc"; fi
+  local name=$1 own=$2
+  shift 2
+  local left=$((DEADLINE - SECONDS - GRACE))
+  STEP_LIMIT=$((own < left ? own : left))
+  if [ "$STEP_LIMIT" -lt "$MIN_STEP" ]; then
+    say "SKIP $name: $((DEADLINE - SECONDS)) s left of the ${DEADLINE} s deadline"
+    skipped+=("$name")
+    return 125
   fi
+  if [ "$PLAN" = 1 ]; then
+    local command="$*"
+    say "PLAN $name (limit ${STEP_LIMIT} s): ${command//$'\n'/ }"
+    return 0
+  fi
+  say "$name (limit ${STEP_LIMIT} s)"
+  local begin=$SECONDS marker="$$.$SECONDS.$name"
+  GPU_CHECK_STEP=$marker timeout --kill-after=$GRACE "$STEP_LIMIT" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  sweep "$marker" "$name"
+  local took=$((SECONDS - begin))
+  if [ "$rc" = 0 ]; then
+    say "$name ok (${took} s)"
+  else
+    case $rc in
+      124 | 137) say "$name TIMED OUT at ${STEP_LIMIT} s (exit $rc)" ;;
+      *) say "$name FAILED: exit $rc after ${took} s" ;;
+    esac
+    if [ -z "${STEP_SOFT:-}" ]; then status=1 failed+=("$name"); fi
+  fi
+  # pytest_progress stamps pytest's end: the gap to here is the process's exit.
+  echo "[gpu_check] step $name ended at $(date +%s.%N | cut -c1-14) (epoch s)" >>"$LOG"
   return "$rc"
+}
+
+# sweep MARKER NAME: kills what a step left running. timeout ends its process
+# group, but MPI launches (run_mpi, mpiexec) start sessions of their own; the
+# step's marker in their environment finds them.
+sweep() {
+  local pid left=()
+  for pid in $(grep -lsa "GPU_CHECK_STEP=$1" /proc/[0-9]*/environ | cut -d/ -f3); do
+    [ "$pid" = $$ ] || left+=("$pid")
+  done
+  [ ${#left[@]} = 0 ] && return
+  kill -KILL "${left[@]}" 2>/dev/null
+  say "$2 left ${#left[@]} processes running: killed"
+}
+
+# pytest_ NAME LIMIT ARGS...: per-test timeouts well inside the step's, so a hung
+# test fails with its traceback and the session goes on to report.
+pytest_() {
+  local name=$1 own=$2
+  shift 2
+  local left=$((DEADLINE - SECONDS - GRACE))
+  local limit=$((own < left ? own : left))
+  local per_test=$((limit > 150 ? 120 : limit * 4 / 5))
+  local timeouts=(-o "faulthandler_timeout=$per_test")
+  if "$PY" -c "import pytest_timeout" 2>/dev/null; then
+    timeouts=(--timeout="$per_test")
+  fi
+  step "$name" "$own" "$PY" -m pytest -q -rfE -p no:cacheprovider -p pytest_progress \
+    "${timeouts[@]}" "$@"
+}
+
+# The device's short name (nvidia-smi "NVIDIA H200" -> h200), for table names.
+device_tag() {
+  local name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  name=$(echo "${name#NVIDIA }" | awk '{print tolower($1)}' | tr -cd 'a-z0-9')
+  echo "${name:-nogpu}"
+}
+
+# keep SOURCE NAME: a table copied to $OUT/NAME and benchmarks/results/NAME,
+# unless $OUT already holds MAX_FILES files.
+keep() {
+  local source=$1 name=$2
+  [ "$PLAN" = 1 ] && return 0
+  [ -f "$source" ] || { say "no table $source"; return 1; }
+  cp "$source" "benchmarks/results/$name"
+  if [ ! -e "$OUT/$name" ] && [ "$(find "$OUT" -type f | wc -l)" -ge "$MAX_FILES" ]; then
+    say "no room under \$OUT for $name ($MAX_FILES files at most): see benchmarks/results/"
+    return 1
+  fi
+  cp "$source" "$OUT/$name" && say "table $name"
 }
 
 install_wheels() {
@@ -56,41 +176,37 @@ install_wheels() {
     say "no MPI here and no wheels/ carried: run scripts/gpu_wheels.sh, carry wheels"
     return 1
   fi
-  step 120 "$PY" -m pip install -q --no-index --no-deps --no-compile wheels/*.whl
+  step wheels 120 "$PY" -m pip install -q --no-index --no-deps --no-compile wheels/*.whl
 }
 
 build() {
   install_wheels || return 1
   # The library knows whether its sources changed (setup.py's fingerprint).
-  if "$PY" -c "import jaxfog.ffi as f; f.library(); assert f.build_info()['nccl_built']" \
-      2>/dev/null; then
-    return 0
+  STEP_SOFT=1 step library-current 60 "$PY" -c "
+import jaxfog.ffi as f
+f.library()
+assert f.build_info()['nccl_built'] or not f.build_info()['cuda_built'], 'built without NCCL'
+" && return 0
+  [ $? = 125 ] && return 125
+  if [ "${GPU_CHECK_NO_BUILD:-0}" = 1 ]; then
+    say "the library is missing or stale, and GPU_CHECK_NO_BUILD=1"
+    return 1
   fi
-  step 420 "$PY" -m pip install -q --no-index --no-build-isolation --no-deps -e . || return 1
+  step build 300 "$PY" -m pip install --no-index --no-build-isolation --no-deps -e .
 }
 
-pytest_() { "$PY" -m pytest -q -p no:cacheprovider "$@"; }
-
 stage_probe() {
-  step 30 nvidia-smi --query-gpu=name,uuid,memory.total,driver_version --format=csv
-  step 30 "$PY" --version
-  step 30 nvcc --version
-  step 30 ls -l /usr/local/cuda/include/cuda_runtime.h /usr/local/cuda/lib64/libcudart_static.a
-  step 60 "$PY" -c "import jax; print(jax.__version__, jax.devices())"
-  step 30 "$PY" -c "
-import ctypes, nvidia.nccl, pathlib
-root = pathlib.Path(list(nvidia.nccl.__path__)[0])
-lib = ctypes.CDLL(str(root / 'lib' / 'libnccl.so.2'))
-v = ctypes.c_int(); lib.ncclGetVersion(ctypes.byref(v)); print('NCCL', v.value, root)"
-  step 30 "$PY" -c "import mpi4py; print('mpi4py', mpi4py.__version__, mpi4py.get_config())"
-  step 30 "$PY" -c "from mpi4py import MPI; print(MPI.Get_library_version())"
-  step 30 "$PY" -m pip list --format=freeze 2>/dev/null | grep -iE \
-    "^(jax|jaxlib|jax-cuda|nvidia-nccl|mpi4py|mpich|flax|optax|orbax|setuptools|wheel|pytest|scikit-learn|matplotlib)"
+  step nvidia-smi 30 nvidia-smi --query-gpu=name,uuid,memory.total,driver_version --format=csv
+  step versions 60 bash -c "$PY --version; nvcc --version | tail -n 2; \
+    ls -l /usr/local/cuda/include/cuda_runtime.h /usr/local/cuda/lib64/libcudart_static.a; \
+    $PY -m pip list --format=freeze 2>/dev/null | grep -iE \
+    '^(jax|jaxlib|jax-cuda|nvidia-nccl|mpi4py|mpich|flax|optax|setuptools|pytest)'"
+  step jax-devices 60 "$PY" -c "import jax; print(jax.__version__, jax.devices())"
 }
 
 stage_mpi() {
   install_wheels || return 1
-  step 60 mpiexec -n 2 "$PY" -c "
+  step mpi-hello 60 mpiexec -n 2 "$PY" -c "
 from mpi4py import MPI
 c = MPI.COMM_WORLD
 assert c.allreduce(c.rank) == 1
@@ -98,64 +214,95 @@ print(c.rank, 'of', c.size, MPI.Get_library_version().splitlines()[0])"
 }
 
 stage_build() {
-  build || return 1
-  step 60 jaxfog info
-  say "exported symbols named cuda* or nccl* (expect none)"
-  nm -D --defined-only jaxfog/ffi/libjaxfog_ffi.so | grep -iE " (cuda|nccl)" | tee -a "$LOG"
-  [ "${PIPESTATUS[1]}" = 1 ] || status=1
-  step 420 pytest_ tests/test_jax_compat.py tests/test_gpu_build.py tests/test_ffi_units.py
+  build || return
+  step info 60 jaxfog info || return
+  # The first GPU run died in every process: the library exported the static
+  # libstdc++ it carried (std:: and GNU_UNIQUE symbols). Only jaxfog's own
+  # entry points may be exported.
+  step exported-symbols 30 bash -c '
+lib=jaxfog/ffi/libjaxfog_ffi.so
+std=$(nm -D --defined-only -C "$lib" | grep -cE " (std::|__gnu_cxx::|operator new|operator delete)")
+unique=$(readelf --dyn-syms -W "$lib" | grep -c UNIQUE)
+cuda=$(nm -D --defined-only "$lib" | grep -ciE " (cuda|nccl)")
+echo "exported: std:: $std, GNU_UNIQUE $unique, cuda*/nccl* $cuda (expect 0 each)"
+[ "$std$unique$cuda" = 000 ]'
+  return 0  # counted as a failure above; the tests after it still tell what runs
 }
 
-stage_staged() {
-  build || return 1
-  step 420 pytest_ tests/test_gpu.py -k "simulated or one_process_staged"
+stage_units() {
+  build || return
+  pytest_ units 300 tests/test_jax_compat.py tests/test_gpu_build.py tests/test_ffi_units.py
 }
 
-stage_nccl() {
-  build || return 1
-  step 420 pytest_ tests/test_gpu.py -k nccl
-}
+stage_gpu_tests() { pytest_ gpu-tests 240 tests/test_gpu.py; }
+stage_staged() { pytest_ staged 180 tests/test_gpu.py -k "simulated or one_process_staged"; }
+stage_nccl() { pytest_ nccl 180 tests/test_gpu.py -k nccl; }
 
-stage_gpu_tests() {
-  build || return 1
-  step 480 pytest_ tests/test_gpu.py
+stage_exit() {
+  step exit-nccl 60 "$PY" scripts/exit_probe.py --platform cuda --timeout 50
+  JAXFOG_BACKEND=mpi step exit-staged 60 "$PY" scripts/exit_probe.py --platform cuda \
+    --timeout 50
+  JAXFOG_BACKEND=mpi step exit-2ranks 90 "$PY" scripts/exit_probe.py --platform cuda \
+    --ranks 2 --timeout 80
 }
 
 stage_mpi_suite() {
-  build || return 1
-  JAXFOG_TEST_PLATFORMS=cuda JAXFOG_BACKEND=mpi step 480 pytest_ tests/test_ops_mpi.py
+  JAXFOG_TEST_PLATFORMS=cuda JAXFOG_BACKEND=mpi pytest_ mpi-suite 200 tests/test_ops_mpi.py
 }
 
 stage_training() {
-  build || return 1
-  JAXFOG_TEST_PLATFORMS=cuda JAXFOG_BACKEND=mpi step 480 pytest_ tests/test_optax_mpi.py \
-    tests/test_window_mpi.py tests/test_train_digits.py
+  JAXFOG_TEST_PLATFORMS=cuda JAXFOG_BACKEND=mpi pytest_ training 300 \
+    tests/test_train_digits.py tests/test_optax_mpi.py tests/test_window_mpi.py
 }
 
 stage_bench_sim() {
-  build || return 1
-  step 480 "$PY" benchmarks/bench_gpu.py --part simulate --out "$OUT"
-  cp benchmarks/results/simulate_gpu.md benchmarks/results/simulate_gpu.json "$OUT"/ 2>/dev/null
+  step bench-sim 240 "$PY" benchmarks/bench_gpu.py --part simulate || return
+  keep benchmarks/results/simulate_gpu.md "simulate_$(device_tag).md"
 }
 
 stage_bench_exchange() {
-  build || return 1
-  step 360 "$PY" benchmarks/bench_gpu.py --part exchange --out "$OUT"
-  step 120 "$PY" benchmarks/bench_gpu.py --part dispatch --out "$OUT"
-  cp benchmarks/results/dispatch_2ranks.md "$OUT"/dispatch_gpu_2ranks.md 2>/dev/null
+  local tmp
+  tmp=$(mktemp -d)
+  step bench-exchange 200 "$PY" benchmarks/bench_gpu.py --part exchange --out "$tmp" &&
+    keep "$tmp/exchange_gpu.md" "exchange_$(device_tag).md"
+  step bench-dispatch 90 "$PY" benchmarks/bench_gpu.py --part dispatch &&
+    keep benchmarks/results/dispatch_2ranks.md "dispatch_2ranks_$(device_tag).md"
 }
 
-STAGES="probe mpi build staged nccl gpu-tests mpi-suite training bench-sim bench-exchange"
-[ $# -gt 0 ] || { echo "usage: $0 STAGE... (stages: $STAGES)"; exit 2; }
+log_of() {
+  case $1 in
+    probe | mpi | build | units) echo build.log ;;
+    gpu-tests | staged | nccl | exit) echo gpu.log ;;
+    mpi-suite | training) echo suites.log ;;
+    bench-sim | bench-exchange) echo bench.log ;;
+  esac
+}
+
+DEFAULT="build gpu-tests exit mpi-suite training bench-sim bench-exchange"
+STAGES="probe mpi build units gpu-tests staged nccl exit mpi-suite training bench-sim bench-exchange"
+[ $# -gt 0 ] || set -- $DEFAULT
 for stage in "$@"; do
   case " $STAGES " in
     *" $stage "*) ;;
     *) echo "unknown stage $stage (stages: $STAGES)"; exit 2 ;;
   esac
 done
+: >"$SUMMARY"
+say "gpu_check $* (deadline ${DEADLINE} s; device $(device_tag); OUT=$OUT)"
 for stage in "$@"; do
+  LOG="$OUT/$(log_of "$stage")"
   say "stage $stage"
   "stage_${stage//-/_}"
+  rc=$?
+  if [ "$stage" = build ] && [ "$rc" != 0 ] && [ "$rc" != 125 ]; then
+    LOG="$SUMMARY"
+    say "the build failed: nothing after it can load the library; stopping"
+    status=1
+    break
+  fi
 done
-say "gpu_check $*: exit $status"
+LOG="$SUMMARY"
+[ ${#skipped[@]} = 0 ] || say "skipped (deadline): ${skipped[*]}"
+[ ${#failed[@]} = 0 ] || say "failed: ${failed[*]}"
+say "gpu_check done: exit $status; $(find "$OUT" -type f | wc -l) files under $OUT"
 exit "$status"

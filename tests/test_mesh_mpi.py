@@ -26,6 +26,18 @@ def _compare(got, want, name: str) -> None:
                                        rtol=1e-12, atol=1e-12, err_msg=name)
 
 
+def test_processes_sharing_a_gpu_are_refused_by_name():
+    """NCCL (XLA's GPU collectives) takes one process per GPU: init_distributed
+    refuses a job whose processes share one, the same way on every process."""
+    import jaxfog.mesh as M
+
+    assert M.gpu_identity() is None  # JAX on the CPU: nothing to share
+    assert M.shared_gpus([None, None]) is None
+    assert M.shared_gpus([("a", ["0"]), ("a", ["1"]), ("b", ["0"])]) is None
+    why = M.shared_gpus([("a", ["0"]), ("b", ["0"]), ("a", ["1", "0"])])
+    assert "processes 0 and 2 share GPU 0 on a" in why and "per_device" in why
+
+
 @mpi_test(nprocs=(2, 4), env={"JAXFOG_NODES_PER_MACHINE": "2"}, timeout=300)
 def test_every_case_on_the_mesh_matches_the_simulation():
     """4 agents: one per device on 4 processes, two per device on 2."""
