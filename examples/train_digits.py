@@ -20,7 +20,9 @@ with ``--compress top_k:0.01,sign,qsgd:7,low_rank:4``, CHOCO-SGD with those
 compressors (``--gamma``, ``--groups``; ``benchmarks/bench_compress.py`` runs
 the comparison with minibatches of 8, which CHOCO's slower consensus needs). It
 prints a progress bar and a per-epoch table, then a summary, and plots loss
-against step and against wall time to ``--out``/train_digits.png. The table's
+against step and against wall time, and test accuracy against step (the
+averaged model, and the band of the agents' own models), to
+``--out``/train_digits.png. The table's
 columns: the training loss (each agent's minibatch loss at its own model,
 averaged over the agents and the epoch's steps), the test accuracy of the
 averaged model (mean of the agents' parameters) and the range of the agents'
@@ -292,7 +294,7 @@ def plot(results: dict[str, list[dict[str, Any]]], path: str, where: str) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (by_step, by_time, accuracy) = plt.subplots(1, 3, figsize=(16, 4))
     for label, rows in results.items():
         losses = np.concatenate([row["step_losses"] for row in rows])
         steps = np.arange(1, len(losses) + 1)
@@ -301,13 +303,24 @@ def plot(results: dict[str, list[dict[str, Any]]], path: str, where: str) -> Non
         times = np.interp(steps, [0] + [r["steps"] for r in rows],
                           [0.0] + [r["wall_time"] for r in rows])
         smooth = np.convolve(losses, np.ones(per_epoch) / per_epoch, mode="valid")
-        by_step.plot(steps[per_epoch - 1:], smooth, label=label)
+        line, = by_step.plot(steps[per_epoch - 1:], smooth, label=label)
         by_time.plot(times[per_epoch - 1:], smooth, label=label)
+        # The averaged model's accuracy, and the band of the agents' own models.
+        at = [r["steps"] for r in rows]
+        accuracy.plot(at, [r["test_accuracy"] for r in rows], color=line.get_color(),
+                      label=label)
+        accuracy.fill_between(at, *zip(*(r["agent_accuracy"] for r in rows)),
+                              color=line.get_color(), alpha=0.15, linewidth=0)
     for axis, xlabel in ((by_step, "step"), (by_time, "wall time (s)")):
         axis.set_xlabel(xlabel)
         axis.set_ylabel("training loss (1-epoch moving average)")
         axis.set_yscale("log")
         axis.grid(True, alpha=0.3)
+    accuracy.set_xlabel("step")
+    accuracy.set_ylabel("test accuracy (%)")
+    accuracy.set_title("line: averaged model; band: the agents' own models", fontsize="medium")
+    accuracy.set_ylim(80, 100)
+    accuracy.grid(True, alpha=0.3)
     by_step.legend()
     fig.suptitle(f"Flax MLP on digits split by label, {where}")
     fig.tight_layout()

@@ -153,18 +153,42 @@ def agent_axis(mesh: Any, n: int, axis_name: str | None) -> str:
     return axis
 
 
-def check_placement(args: Sequence[Any], mesh: Mesh) -> None:
-    """A ValueError naming the first argument that lives on devices outside ``mesh``."""
+def place(tree: Any, mesh: Mesh, spec: PartitionSpec, what: str) -> Any:
+    """``tree``'s leaves laid out as ``NamedSharding(mesh, spec)`` where
+    ``shard_map`` needs it. On a mesh with Explicit axes (``jax.make_mesh``'s
+    default) ``shard_map`` takes only inputs already typed with its in_specs,
+    so every leaf is resharded (a no-op for one already there, also under
+    ``jit``); elsewhere ``shard_map`` moves what it gets. A concrete array on
+    devices outside the mesh is moved onto a mesh this process holds whole,
+    and refused (naming the cure) on a mesh of several processes, where only
+    a global array says which process holds which agents' rows."""
+    sharding = NamedSharding(mesh, spec)
+    whole = all(d.process_index == jax.process_index() for d in mesh.devices.flat)
     inside = set(mesh.devices.flat)
-    for i, arg in enumerate(args):
-        for leaf in jax.tree.leaves(arg):
-            sharding = getattr(leaf, "sharding", None)
-            if isinstance(leaf, jax.Array) and sharding is not None and not (
-                    leaf.sharding.device_set <= inside) and not isinstance(leaf, jax.core.Tracer):
-                outside = sorted(str(d) for d in leaf.sharding.device_set - inside)
-                raise ValueError(f"simulate: argument {i} is on {', '.join(outside)}, outside "
-                                 "the agents' mesh; jax.device_put it onto the mesh (or build "
-                                 "it with jaxfog.Agents(mesh=...).data)")
+
+    def leaf(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and not (
+                x.sharding.device_set <= inside):
+            if not whole:
+                outside = sorted(str(d) for d in x.sharding.device_set - inside)
+                raise ValueError(f"simulate: {what} is on {', '.join(outside)}, outside the "
+                                 "agents' mesh; jax.device_put it onto the mesh (or build it "
+                                 "with jaxfog.Agents(mesh=...).data)")
+            return jax.device_put(x, sharding)
+        return jax.sharding.reshard(x, sharding) if mesh.explicit_axes else x
+
+    return jax.tree.map(leaf, tree)
+
+
+def explicit_input_mesh(tree: Any) -> Any:
+    """The (abstract) mesh of the first leaf typed with an Explicit mesh axis
+    (an array placed on a ``jax.make_mesh`` mesh, concrete or traced), else None."""
+    for x in jax.tree.leaves(tree):
+        if isinstance(x, jax.Array):
+            m = jax.typeof(x).sharding.mesh
+            if m.explicit_axes:
+                return m
+    return None
 
 
 def global_array(mesh: Mesh, axis: str, make: Any, n_agents: int | None = None) -> Any:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -148,3 +150,59 @@ def test_mpiexec_options_reach_mpiexec(capsys):
     words = capsys.readouterr().out.split()
     assert words[1:5] == ["-n", "2", "-genvall", "-prepend-rank"]
     assert words[-2:] == ["python", "x.py"]
+
+
+_PARTIAL = r"""
+import os, sys, time
+rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK"))
+for i in range(30):  # every line written in two pieces, the ranks at once
+    sys.stdout.write(f"rank {rank}: line {i} begins,")
+    sys.stdout.flush()
+    time.sleep(0.002)
+    sys.stdout.write(" ends\n")
+    sys.stdout.flush()
+    sys.stderr.write(f"rank {rank}: err {i}")
+    sys.stderr.flush()
+    sys.stderr.write("\n")
+sys.stdout.write(f"rank {rank}: last, without a newline")
+"""
+
+
+@pytest.mark.parametrize("prefix", [False, True], ids=["plain", "rank-prefix"])
+def test_ranks_lines_are_never_joined(tmp_path, prefix):
+    """Two ranks write partial lines at the same time (as an unbuffered print
+    does: the text, then the newline); every line comes out whole, once."""
+    script = tmp_path / "partial.py"
+    script.write_text(_PARTIAL)
+    out = subprocess.run([sys.executable, "-m", "jaxfog.cli", "run", "-np", "2",
+                          *(["--rank-prefix"] if prefix else []),
+                          sys.executable, "-u", str(script)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    label = r"\[(\d)\] " if prefix else r"()"
+    for stream, pattern, count in ((out.stdout, r"line \d+ begins, ends|last, without a "
+                                    r"newline", 31), (out.stderr, r"err \d+", 30)):
+        lines = stream.splitlines()
+        for line in lines:
+            match = re.fullmatch(label + r"rank (\d): (" + pattern + ")", line)
+            assert match, f"a joined or cut line: {line!r}"
+            assert not prefix or match[1] == match[2]
+        assert sorted(lines) == sorted(set(lines)) and len(lines) == 2 * count
+
+
+def test_forward_lines_status_and_signals(tmp_path):
+    """The rank's command's exit status comes back (128 + n for signal n), and
+    a signal to the rank shim reaches the command."""
+    out = tmp_path / "out"
+    with open(out, "wb") as sink:
+        status = launcher.forward_lines([sys.executable, "-c", "print('a'); exit(3)"],
+                                        prefix=b"[0] ", sinks=(sink.fileno(), sink.fileno()))
+    assert status == 3 and out.read_text() == "[0] a\n"
+    assert launcher.forward_lines(["sh", "-c", "kill -TERM $$"]) == 128 + 15
+    assert launcher.forward_lines(["no-such-command-jaxfog"]) == 127
+    shim = subprocess.Popen([sys.executable, SHIM, sys.executable, "-c",
+                             "import time; print('up', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
+    assert shim.stdout.readline() == "up\n"
+    shim.send_signal(signal.SIGTERM)
+    assert shim.wait(timeout=20) == 128 + signal.SIGTERM

@@ -15,7 +15,7 @@ from jaxfog.cli import demo, launcher
 # Options of `jaxfog run` that take a value; everything else starting with "-"
 # before the command is handed to mpiexec.
 _RUN_VALUE_OPTIONS = ("-np", "-n", "-H", "--hosts", "--hostfile", "--mpi-args")
-_RUN_FLAGS = ("--dry-run", "-h", "--help")
+_RUN_FLAGS = ("--dry-run", "--rank-prefix", "-h", "--help")
 
 
 def split_run_argv(argv: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
@@ -61,7 +61,7 @@ def _run(argv: Sequence[str]) -> int:
     try:
         return launcher.run(command, args.np, hosts=args.hosts, hostfile=args.hostfile,
                             mpi_args=passthrough + shlex.split(args.mpi_args or ""),
-                            dry_run=args.dry_run)
+                            dry_run=args.dry_run, rank_prefix=args.rank_prefix)
     except (ValueError, FileNotFoundError) as err:
         print(f"jaxfog run: {err}", file=sys.stderr)
         return 2
@@ -83,12 +83,15 @@ def _run_parser() -> argparse.ArgumentParser:
     run.add_argument("--hostfile", help="MPI hostfile")
     run.add_argument("--mpi-args", help="extra mpiexec arguments, one quoted string")
     run.add_argument("--dry-run", action="store_true", help="print the mpiexec command only")
+    run.add_argument("--rank-prefix", action="store_true",
+                     help="start every output line with [rank] (lines are never joined "
+                          "either way)")
     return run
 
 
 def _exec(args: argparse.Namespace) -> int:
     launcher.exec_rank(args.command)
-    return 0  # not reached: exec replaced the process
+    return 0  # not reached: exec_rank exits with the command's status
 
 
 def info_lines() -> list[str]:

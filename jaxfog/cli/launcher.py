@@ -4,8 +4,9 @@ It builds one ``mpiexec`` command line for the MPI flavour found (MPICH's
 hydra or Open MPI), forwards the environment, and starts every rank through
 :func:`exec_rank`, which gives each local rank its own GPU (when GPUs exist)
 and caps XLA's CPU threads when a machine runs more ranks than it has cores,
-then ``exec``s the user's command. Nothing else is hidden: ``--dry-run``
-prints the command.
+then runs the user's command and hands its output to mpiexec in whole lines
+(two ranks' lines are never joined; ``--rank-prefix`` labels them). Nothing
+else is hidden: ``--dry-run`` prints the command.
 """
 
 from __future__ import annotations
@@ -165,19 +166,118 @@ def rank_environment(env: Mapping[str, str], cores: int | None = None) -> dict[s
     return changes
 
 
+#: "0": the rank's command replaces the shim and writes straight to mpiexec
+#: (whose forwarding may join two ranks' partial lines); default: whole lines.
+LINES_ENV = "JAXFOG_WHOLE_LINES"
+#: "1": every line a rank writes starts with ``[rank] `` (``jaxfog run --rank-prefix``).
+PREFIX_ENV = "JAXFOG_RANK_PREFIX"
+_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
 def exec_rank(command: Sequence[str]) -> None:
-    """Applies :func:`rank_environment` and replaces this process by ``command``."""
+    """Applies :func:`rank_environment` and runs ``command`` as this rank:
+    under :func:`forward_lines` (the default), or in place of this process."""
     if not command:
         raise SystemExit("jaxfog: no command given to run in the rank")
     os.environ.update(rank_environment(os.environ))
+    if os.environ.get(LINES_ENV, "1") != "0":
+        rank = _first_int(os.environ, _RANK_VARS)
+        prefix = f"[{rank}] ".encode() if os.environ.get(PREFIX_ENV) == "1" else b""
+        raise SystemExit(forward_lines(command, prefix=prefix))
     try:
         os.execvp(command[0], list(command))
     except FileNotFoundError:
         raise SystemExit(f"jaxfog: command not found: {command[0]}") from None
 
 
-def run(command: Sequence[str], np: int, *, dry_run: bool = False, **options) -> int:
-    """Launches ``command`` on ``np`` ranks; returns mpiexec's exit status."""
+def _die_with_parent() -> None:  # in the child, before exec: no orphan if the shim is killed
+    os.setpgrp()  # a terminal's Ctrl-C reaches the shim, which forwards it once
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
+
+
+def _copy_lines(source: int, sink: int, prefix: bytes) -> None:
+    """Copies ``source`` to ``sink`` in whole lines, each read's complete
+    lines in one write: mpiexec forwards each rank's pipe in the chunks it
+    reads, so a chunk that ends mid-line is what let another rank's line be
+    joined to it (an unbuffered ``print`` writes the text and the newline
+    separately). A last line without a newline gets one."""
+    pending = b""
+    while True:
+        try:
+            chunk = os.read(source, 1 << 16)
+        except InterruptedError:
+            continue
+        if not chunk:
+            break
+        pending += chunk
+        cut = pending.rfind(b"\n") + 1
+        if cut:
+            lines, pending = pending[:cut], pending[cut:]
+            if prefix:
+                lines = b"".join(prefix + line for line in lines.splitlines(keepends=True))
+            _write_all(sink, lines)
+    if pending:
+        _write_all(sink, prefix + pending + b"\n")
+    os.close(source)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except InterruptedError:
+            continue
+        except BrokenPipeError:
+            return
+
+
+def forward_lines(command: Sequence[str], *, prefix: bytes = b"",
+                  sinks: tuple[int, int] = (1, 2)) -> int:
+    """Runs ``command`` with its stdout and stderr copied to ``sinks`` whole
+    lines at a time (each line starting with ``prefix``), forwarding signals
+    to it; returns its exit status (128 + signal if a signal ended it)."""
+    import signal
+    import threading
+
+    try:
+        # close_fds=False: the launcher's inherited descriptors (PMI_FD) stay open.
+        child = subprocess.Popen(list(command), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, close_fds=False,
+                                 preexec_fn=_die_with_parent)
+    except FileNotFoundError:
+        return _fail(f"jaxfog: command not found: {command[0]}")
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda number, _frame: child.send_signal(number))
+    copiers = [threading.Thread(target=_copy_lines, args=(pipe.fileno(), sink, prefix),
+                                daemon=True)
+               for pipe, sink in ((child.stdout, sinks[0]), (child.stderr, sinks[1]))]
+    for copier in copiers:
+        copier.start()
+    status = child.wait()
+    for copier in copiers:  # a process the command left running may hold the pipes
+        copier.join(timeout=10)
+    return 128 - status if status < 0 else status
+
+
+def _fail(message: str) -> int:
+    print(message, file=sys.stderr)
+    return 127
+
+
+def run(command: Sequence[str], np: int, *, dry_run: bool = False,
+        rank_prefix: bool = False, **options) -> int:
+    """Launches ``command`` on ``np`` ranks; returns mpiexec's exit status.
+    Each rank's output reaches mpiexec in whole lines (:func:`forward_lines`),
+    with ``rank_prefix`` each starting with ``[rank] ``."""
+    if rank_prefix:
+        os.environ[PREFIX_ENV] = "1"  # forwarded to the ranks with the environment
     args = build_command(command, np, **options)
     if dry_run:
         print(shlex.join(args))

@@ -11,6 +11,7 @@ for a whole script.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import Any, Callable, NamedTuple
@@ -197,6 +198,24 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
+        # Arrays placed on a mesh with Explicit axes (jax.make_mesh's default)
+        # carry their sharding in their type, and vmap would shard the agent
+        # axis by it with no mesh to resolve it: run the agents with those
+        # axes Auto (XLA partitions as it likes, nothing moves) and give the
+        # outputs the inputs' agent sharding back.
+        explicit = agents_mesh.explicit_input_mesh((args, kwargs))
+        if explicit is None:
+            return run_vmapped(*args, **kwargs)
+        out_spec = PartitionSpec(_agent_entry(args, in_axes)) if out_axes == 0 else (
+            PartitionSpec())
+        # auto_axes needs the mesh in context (jax.set_mesh may have put it there).
+        with (jax.sharding.use_abstract_mesh(explicit)
+              if jax.sharding.get_abstract_mesh().empty else contextlib.nullcontext()):
+            return jax.sharding.auto_axes(lambda a, k: run_vmapped(*a, **k),
+                                          axes=explicit.explicit_axes,
+                                          out_sharding=out_spec)(args, kwargs)
+
+    def run_vmapped(*args, **kwargs):
         # The windows that exist go in as this call's references (one view per
         # agent); the ones it creates come out as stacked states, kept after.
         refs = windows.kept_refs()
@@ -224,6 +243,20 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
     return run
 
 
+def _agent_entry(args: tuple, in_axes: Any) -> Any:
+    """The mesh axes (a PartitionSpec entry) that the first argument with an
+    explicit sharding shards its agent axis along, else None."""
+    axes = tuple(in_axes) if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
+    for arg, axis in zip(args, axes):
+        if not isinstance(axis, int):
+            continue
+        for leaf in jax.tree.leaves(arg):
+            if isinstance(leaf, jax.Array) and jax.typeof(leaf).sharding.mesh.explicit_axes:
+                spec = jax.typeof(leaf).sharding.spec
+                return spec[axis] if -len(spec) <= axis < len(spec) else None
+    return None
+
+
 def _on_mesh(fn: Callable, mesh: Any, simulation: _context.Simulation, timing: Any,
              in_axes: Any, out_axes: Any, given: Any) -> Callable:
     """``simulate`` on the devices of ``mesh``: ``shard_map`` over the mesh
@@ -244,14 +277,17 @@ def _on_mesh(fn: Callable, mesh: Any, simulation: _context.Simulation, timing: A
             raise ValueError(f"simulate: with mesh=, in_axes must be 0 or None for each of the "
                              f"{len(args)} arguments, got {in_axes!r}")
         _check_agent_axes(args, axes, n, given)
-        agents_mesh.check_placement(args, mesh)
+        args = tuple(agents_mesh.place(arg, mesh, spec if a == 0 else whole, f"argument {i}")
+                     for i, (arg, a) in enumerate(zip(args, axes)))
+        kwargs = agents_mesh.place(kwargs, mesh, spec, "a keyword argument")
         with clock.placed(NamedSharding(mesh, spec)):
             return call(axes, *args, **kwargs)
 
     def call(axes, *args, **kwargs):
         refs = windows.kept_refs()
         clocks = None if timing is None else clock.kept(n)
-        values = jax.tree.map(lambda r: r[...], (refs, clocks))
+        values = agents_mesh.place(jax.tree.map(lambda r: r[...], (refs, clocks)), mesh, spec,
+                                   "a window")
         sessions = []
 
         def per_agent(refs, now, kwargs, *args):
