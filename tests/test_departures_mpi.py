@@ -24,22 +24,26 @@ from mpi_harness import mpi_test
 SOON = 60
 
 
-def test_collective_on_one_rank_fails_soon_after_the_other_exits(tmp_path):
-    """The issue's case: ``if rank == 0: allreduce(x)``; rank 1 just ends."""
+@pytest.mark.parametrize("window", [False, True])
+def test_collective_on_one_rank_fails_soon_after_the_other_exits(tmp_path, window):
+    """The issue's case: ``if rank == 0: allreduce(x)``; rank 1 just ends. With a
+    window, rank 1's exit blocks in the collective free of it, after its goodbye."""
     script = tmp_path / "one_rank.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(textwrap.dedent(f"""
         import time
 
         import jax.numpy as jnp
         import jaxfog as jf
 
         jf.init()
+        if {window}:
+            jf.win_create(jnp.zeros(4), "w")
         if jf.rank() == 0:
             start = time.monotonic()
             try:
                 jf.allreduce(jnp.ones(3))
             except Exception as error:
-                print(f"rank 0 failed after {time.monotonic() - start:.1f} s: {error}",
+                print(f"rank 0 failed after {{time.monotonic() - start:.1f}} s: {{error}}",
                       flush=True)
             else:
                 print("rank 0: no error", flush=True)
@@ -55,7 +59,8 @@ def test_collective_on_one_rank_fails_soon_after_the_other_exits(tmp_path):
     assert "rank 0 failed after" in output, output
     assert ("allreduce (op #1 on rank 0): rank 1 has left: its program ended "
             "(jaxfog.shutdown at exit) before any op on this communicator, and this op "
-            "waits for it. It never called this op") in output, output
+            "waits for it. It never called this op: an op called on some ranks only") in output, \
+        output
     waited = float(output.split("rank 0 failed after ")[1].split(" s")[0])
     assert waited < SOON, output
     assert seconds < 2 * SOON + 60, output  # start-up of two JAX processes included
@@ -83,6 +88,33 @@ def test_op_waiting_for_ranks_that_shut_down_fails_naming_them():
                          r"jaxfog\.shutdown\(\) after its op #1 \(allreduce\) on this "
                          r"communicator, and this op waits for it\. It never called this op",
                          message), message
+    jf.shutdown()
+
+
+@mpi_test(nprocs=(4,), env={"JAXFOG_TIMEOUT": "300", "JAXFOG_NODES_PER_MACHINE": "2"},
+          timeout=240)
+def test_machine_communicators_name_world_ranks():
+    """Machines {0, 1} and {2, 3}; rank 3 leaves. Each failure ends a rank, which
+    the next one waiting for it then hears of: 2 (machine allreduce), 0 (leaders'
+    exchange), 1 (machine broadcast)."""
+    import jax.numpy as jnp
+
+    import jaxfog as jf
+
+    jf.init()
+    r = jf.rank()
+    if r == 3:
+        jf.shutdown()
+        return
+    expected = {2: r"jaxfog allreduce \(op #1 on rank 0\): rank 1 \(world rank 3\) has left",
+                0: r"jaxfog neighbor_allreduce \(op #1 on rank 0\): rank 1 \(world rank 2\) "
+                   r"has left",
+                1: r"jaxfog broadcast \(op #2 on rank 1\): rank 0 has left: it called "
+                   r"jaxfog\.shutdown\(\) after its op #1 \(allreduce\)"}[r]
+    start = time.monotonic()
+    with pytest.raises(Exception, match=expected):
+        jf.hierarchical_neighbor_allreduce(jnp.ones(3))
+    assert time.monotonic() - start < SOON
     jf.shutdown()
 
 

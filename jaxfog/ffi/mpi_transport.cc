@@ -368,8 +368,8 @@ std::string Departed(const WaitScope& scope, int comm_rank, int world_rank,
                     ") on this communicator";
   text += ", and this op waits for it";
   if (last->sequence < sequence) {
-    text += ". It never called this op: ranks ran different numbers of operations (an op "
-            "called on some ranks only, under `if rank == ...`?)";
+    text += ". It never called this op: an op called on some ranks only (under `if rank "
+            "== ...`?), or an error on that rank before it";
   }
   return text;
 }
