@@ -43,6 +43,10 @@ NODES_PER_MACHINE_ENV = ("JAXFOG_NODES_PER_MACHINE", "BLUEFOG_NODES_PER_MACHINE"
 #: Seconds a communicating op may wait for a peer before failing; 0 disables.
 TIMEOUT_ENV = "JAXFOG_TIMEOUT"
 DEFAULT_TIMEOUT_SECONDS = 600.0
+#: Seconds after which an op still waiting says, once, on stderr, what it waits
+#: for (op, sequence number, peers); the error still comes at the timeout.
+WARN_AFTER_ENV = "JAXFOG_WARN_AFTER"
+DEFAULT_WARN_AFTER_SECONDS = 30.0
 #: Largest single MPI message; bigger ones travel in pieces (MPI counts are ints).
 MAX_MESSAGE_ENV = "JAXFOG_MAX_MESSAGE_BYTES"
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
@@ -85,6 +89,9 @@ class _State:
     # dispatched step may be in a collective on the transport's from another
     # thread while Python issues one.
     python_comm: Any
+    # Another duplicate, for the goodbyes ranks send when they shut down, so
+    # that a peer's wait for a rank that left fails at once (ffi/peer_watch.h).
+    peers_comm: Any
     rank: int
     size: int
     local_rank: int
@@ -102,6 +109,12 @@ _state: _State | None = None
 # Called by shutdown() before anything is released (registered by the ops
 # layer: wait for dispatched computations that still communicate).
 _before_shutdown: list[Callable[[], None]] = []
+# Called by shutdown() after this rank said goodbye (every op of its has
+# finished by then), before the communicators are released: collective
+# clean-up that is no op, such as freeing windows. Were it before the goodbye,
+# a rank blocked there by a peer stuck in an op waiting for it would leave
+# that peer to wait until JAXFOG_TIMEOUT.
+_before_release: list[Callable[[], None]] = []
 # Bumped whenever a topology changes; the ops layer registers a listener
 # that keys JAX's jit caches on it (see jaxfog.ops._primitive).
 _topology_generation = 0
@@ -128,17 +141,21 @@ def _require() -> _State:
     return _state
 
 
-def _timeout_from_env() -> float:
-    text = os.environ.get(TIMEOUT_ENV, "")
+def _seconds_from_env(name: str, default: float, zero_means: str) -> float:
+    text = os.environ.get(name, "")
     if not text:
-        return DEFAULT_TIMEOUT_SECONDS
+        return default
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds") from None
+        raise ValueError(f"{name}={text!r} is not a number of seconds") from None
     if value < 0:
-        raise ValueError(f"{TIMEOUT_ENV}={text!r} must be >= 0 (0 disables the timeout)")
+        raise ValueError(f"{name}={text!r} must be >= 0 (0 {zero_means})")
     return value
+
+
+def _timeout_from_env() -> float:
+    return _seconds_from_env(TIMEOUT_ENV, DEFAULT_TIMEOUT_SECONDS, "disables the timeout")
 
 
 def _max_message_from_env() -> int:
@@ -210,6 +227,23 @@ def _machine_layout(comm) -> tuple[int, int, int, int, bool]:
             len(set(local_sizes)) == 1)
 
 
+def _peer_watch_api(lib):
+    """Types the C entry points of the peer watch (peer_watch.h) on ``lib``."""
+    err = [ffi.ctypes.c_char_p, ffi.ctypes.c_int]
+    lib.jaxfog_watch_peers.argtypes = [ffi.ctypes.c_int, ffi.ctypes.c_double, *err]
+    lib.jaxfog_say_goodbye.argtypes = [ffi.ctypes.c_int, *err]
+    lib.jaxfog_unwatch_peers.argtypes = err
+    for function in (lib.jaxfog_watch_peers, lib.jaxfog_say_goodbye, lib.jaxfog_unwatch_peers):
+        function.restype = ffi.ctypes.c_int
+    return lib
+
+
+def _watch_peers(lib, comm, warn_after: float) -> None:
+    error = ffi.ctypes.create_string_buffer(1024)
+    if _peer_watch_api(lib).jaxfog_watch_peers(comm.py2f(), warn_after, error, 1024):
+        raise ffi.FfiLibraryError(f"jaxfog.init: {error.value.decode()}")
+
+
 def _register(lib, comm_id: int, comm, timeout: float, max_message: int) -> None:
     error = ffi.ctypes.create_string_buffer(1024)
     if lib.jaxfog_register_mpi_comm(comm_id, comm.py2f(), timeout, max_message, error, 1024):
@@ -241,12 +275,16 @@ def init(topology: T.Topology | Any | None = None) -> None:
             "MPI was initialised without MPI_THREAD_MULTIPLE (before jaxfog.init()); "
             "communicating ops may run from several XLA threads", RuntimeWarning)
     timeout, max_message = _timeout_from_env(), _max_message_from_env()
+    warn_after = _seconds_from_env(WARN_AFTER_ENV, DEFAULT_WARN_AFTER_SECONDS, "never warns")
     comm = MPI.COMM_WORLD.Dup()
     comm.Set_name("jaxfog")
     comms = {WORLD_COMM_ID: comm}
     python_comm = MPI.COMM_WORLD.Dup()
     python_comm.Set_name("jaxfog.python")
+    peers_comm = MPI.COMM_WORLD.Dup()
+    peers_comm.Set_name("jaxfog.peers")
     try:
+        _watch_peers(lib, peers_comm, warn_after)  # before the transports, which use it
         local_rank, local_size, machine_rank, machine_size, homogeneous = _machine_layout(comm)
         rank = comm.Get_rank()
         # Communicator set-up is collective: all of it happens here, never in an op.
@@ -272,10 +310,11 @@ def init(topology: T.Topology | Any | None = None) -> None:
             SCRATCH_KEEP_BYTES_ENV, SCRATCH_KEEP_BYTES, "keep no scratch buffer"))
         ffi.start_timeline(rank)  # JAXFOG_TIMELINE
     except BaseException:
-        _release(lib, comms, python_comm)
+        _release(lib, comms, python_comm, peers_comm)
         raise
     size = comm.Get_size()
-    _state = _State(comm=comm, comms=comms, python_comm=python_comm, rank=rank, size=size,
+    _state = _State(comm=comm, comms=comms, python_comm=python_comm, peers_comm=peers_comm,
+                    rank=rank, size=size,
                     local_rank=local_rank,
                     local_size=local_size, machine_rank=machine_rank,
                     machine_size=machine_size, homogeneous=homogeneous, timeout=timeout,
@@ -285,21 +324,32 @@ def init(topology: T.Topology | Any | None = None) -> None:
     ffi.register_handlers()
     # JAX (imported by now) tears its backends down at exit; shutdown must run
     # first, while dispatched computations can still be waited for.
-    atexit.unregister(shutdown)
-    atexit.register(shutdown)
+    atexit.unregister(_shutdown_at_exit)
+    atexit.register(_shutdown_at_exit)
     if topology is not None:
         set_topology(topology)
 
 
-@atexit.register
 def shutdown() -> None:
     """Waits for dispatched communication, then releases jaxfog's communicators.
 
     Computations dispatched asynchronously (``jaxfog.jit`` returns before they
     ran) finish their communication first, so no rank tears a communicator
-    down under a peer that still exchanges with it. MPI itself is finalised at
-    exit by mpi4py. Safe to call twice; ``init()`` may be called again.
+    down under a peer that still exchanges with it. Then this rank tells the
+    others it has left, so that an op still waiting for it fails at once
+    (naming this rank and its last op) instead of at ``JAXFOG_TIMEOUT``. MPI
+    itself is finalised at exit by mpi4py. Safe to call twice; ``init()`` may
+    be called again.
     """
+    _shutdown(at_exit=False)
+
+
+@atexit.register
+def _shutdown_at_exit() -> None:
+    _shutdown(at_exit=True)
+
+
+def _shutdown(at_exit: bool) -> None:
     global _state
     if _state is None:
         return
@@ -309,18 +359,30 @@ def shutdown() -> None:
     except Exception as error:  # e.g. a peer died: release anyway
         warnings.warn(f"jaxfog.shutdown: pending communication failed: {error}",
                       RuntimeWarning)
+    lib = ffi.library()
+    reason = ffi.ctypes.create_string_buffer(1024)
+    if _peer_watch_api(lib).jaxfog_say_goodbye(int(at_exit), reason, 1024):
+        warnings.warn(f"jaxfog.shutdown: {reason.value.decode()}", RuntimeWarning)
+    try:
+        for hook in _before_release:
+            hook()
+    except Exception as error:  # release anyway
+        warnings.warn(f"jaxfog.shutdown: {error}", RuntimeWarning)
     state, _state = _state, None
-    _release(ffi.library(), state.comms, state.python_comm)
+    _release(lib, state.comms, state.python_comm, state.peers_comm)
 
 
-def _release(lib, comms: dict, python_comm) -> None:
-    """Drops the C++ transports, then frees the communicators."""
+def _release(lib, comms: dict, python_comm, peers_comm) -> None:
+    """Drops the C++ transports and the peer watch, then frees the communicators."""
     from mpi4py import MPI
 
     for comm_id in comms:
         lib.jaxfog_release_comm(comm_id)
+    error = ffi.ctypes.create_string_buffer(1024)
+    if _peer_watch_api(lib).jaxfog_unwatch_peers(error, 1024):
+        warnings.warn(f"jaxfog.shutdown: {error.value.decode()}", RuntimeWarning)
     if not MPI.Is_finalized():
-        for comm in (*comms.values(), python_comm):
+        for comm in (*comms.values(), python_comm, peers_comm):
             comm.Free()
 
 

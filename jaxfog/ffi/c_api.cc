@@ -25,6 +25,7 @@
 #include "nccl_transport.h"
 #endif
 #include "ops.h"
+#include "peer_watch.h"
 #include "registry.h"
 #include "scratch.h"
 #include "status.h"
@@ -77,7 +78,8 @@ __attribute__((visibility("default"))) int jaxfog_register_mpi_comm(
     return 1;
   }
   auto transport = jaxfog::MpiTransport::Create(comm, timeout_seconds,
-                                                static_cast<size_t>(max_message_bytes));
+                                                static_cast<size_t>(max_message_bytes),
+                                                jaxfog::PeerWatch::Current(), id);
   if (transport.has_error()) {
     CopyMessage(transport.error().message(), error, error_length);
     return 1;
@@ -330,7 +332,8 @@ __attribute__((visibility("default"))) int jaxfog_register_nccl_comm(
 #ifdef JAXFOG_WITH_NCCL
   auto checks = jaxfog::MpiTransport::Create(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm)),
                                              timeout_seconds,
-                                             static_cast<size_t>(max_message_bytes));
+                                             static_cast<size_t>(max_message_bytes),
+                                             jaxfog::PeerWatch::Current(), id);
   if (checks.has_error()) return Fail(checks.error().message(), error, error_length);
   ncclUniqueId unique;
   std::memcpy(unique.internal, unique_id, NCCL_UNIQUE_ID_BYTES);
@@ -443,4 +446,44 @@ extern "C" __attribute__((visibility("default"))) int jaxfog_win_mutex(
 extern "C" __attribute__((visibility("default"))) int jaxfog_win_free(int64_t id) {
   jaxfog::CommThread::Global().Drain();
   return jaxfog::Registry<jaxfog::Window>::Global().Take(id) ? 0 : 1;
+}
+
+// --- peer departures (init and shutdown only; peer_watch.h) ---
+
+// Starts watching for the goodbyes of ranks that shut down, on `fortran_comm`
+// (a duplicate of COMM_WORLD the runtime keeps for this alone), before the
+// communicators are registered: their waits use the watch. Long waits say
+// what they wait for after `warn_after_seconds` (0: never). Returns 0, or 1
+// with the reason in `error`.
+extern "C" __attribute__((visibility("default"))) int jaxfog_watch_peers(
+    int fortran_comm, double warn_after_seconds, char* error, int error_length) {
+  auto watch = jaxfog::PeerWatch::Create(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm)),
+                                         warn_after_seconds);
+  if (watch.has_error()) return Fail(watch.error().message(), error, error_length);
+  jaxfog::PeerWatch::SetCurrent(std::move(*watch));
+  return 0;
+}
+
+// Tells every other rank that this one is leaving (`at_exit`: at the exit of
+// its program), with the last op it ran on each communicator. Once every op
+// of this rank has finished. Returns 0, or 1 with the reason in `error`.
+extern "C" __attribute__((visibility("default"))) int jaxfog_say_goodbye(int at_exit,
+                                                                         char* error,
+                                                                         int error_length) {
+  auto watch = jaxfog::PeerWatch::Current();
+  if (!watch) return 0;
+  const xla::ffi::Error said = watch->SayGoodbye(at_exit ? jaxfog::PeerWatch::Reason::kExit
+                                                         : jaxfog::PeerWatch::Reason::kShutdown);
+  return said.success() ? 0 : Fail(said.message(), error, error_length);
+}
+
+// Stops the watch (its receive cancelled), after the communicators were
+// released and before the runtime frees the watch's communicator.
+extern "C" __attribute__((visibility("default"))) int jaxfog_unwatch_peers(char* error,
+                                                                           int error_length) {
+  auto watch = jaxfog::PeerWatch::Current();
+  jaxfog::PeerWatch::SetCurrent(nullptr);
+  if (!watch) return 0;
+  const xla::ffi::Error stopped = watch->Stop();
+  return stopped.success() ? 0 : Fail(stopped.message(), error, error_length);
 }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -251,10 +252,14 @@ std::string Seconds(double seconds) {
   return text;
 }
 
-// MPI requests, owned until they complete. `owners` name what the requests
-// are for, so that a timeout says which peers never answered: request i is
-// for owners[min(i, last)] (requests that all wait for the same ranks name
-// them once).
+// The rank of an owner whose requests wait for every other rank of the
+// communicator (a collective).
+constexpr int kEveryone = -1;
+
+// MPI requests, owned until they complete. Owners say what the requests are
+// for, so that a timeout says which peers never answered and a long wait
+// knows which ranks it waits for: request i is for owners[min(i, last)]
+// (requests that all wait for the same ranks name them once).
 //
 // Destroying a set with requests still pending (an error path) abandons
 // them. Their receive buffers are about to be reused, so cancellations are
@@ -264,32 +269,49 @@ std::string Seconds(double seconds) {
 class RequestSet {
  public:
   using Finished = std::function<ffi::Error(const int* indices, int count)>;
+  struct Owner {
+    std::string text;
+    int rank;  // in the communicator, or kEveryone
+  };
 
   RequestSet() = default;
-  explicit RequestSet(std::string owner) { owners_.push_back(std::move(owner)); }
+  explicit RequestSet(std::string owner, int rank = kEveryone) {
+    owners_.push_back({std::move(owner), rank});
+  }
   RequestSet(const RequestSet&) = delete;
   RequestSet& operator=(const RequestSet&) = delete;
   ~RequestSet();
 
   // A null request to post into, for the last owner given.
   MPI_Request* Add() { return &requests_.emplace_back(MPI_REQUEST_NULL); }
-  MPI_Request* Add(std::string owner) {
-    owners_.push_back(std::move(owner));
+  MPI_Request* Add(std::string owner, int rank) {
+    owners_.push_back({std::move(owner), rank});
     return Add();
   }
   size_t size() const { return requests_.size(); }
 
   // Completes every request (each becomes MPI_REQUEST_NULL), or fails once
-  // `timeout_seconds` (> 0) have passed. With `done_at`, it also records when
-  // each request completed (timeline::Now(); for the timeline).
-  // `finished(indices, count)`, when given, runs as requests complete.
-  ffi::Error WaitAll(double timeout_seconds, const std::string& what,
+  // `scope.timeout_seconds` (> 0) have passed, or soon after a rank that a
+  // pending request waits for has left (with `scope.watch`). With
+  // `done_at`, it also records when each request completed (timeline::Now();
+  // for the timeline). `finished(indices, count)`, when given, runs as
+  // requests complete.
+  ffi::Error WaitAll(const WaitScope& scope, const std::string& what,
                      std::vector<int64_t>* done_at = nullptr,
                      const Finished& finished = nullptr);
 
  private:
+  using Clock = std::chrono::steady_clock;
+  // The owners of the requests still pending, in words ("rank 1, the header
+  // to rank 2").
+  std::string Waiting() const;
+  // The first rank a pending request waits for that has left, after a
+  // moment's grace for its last messages, as an error; success otherwise.
+  ffi::Error CheckDepartures(const WaitScope& scope, const std::string& what,
+                             Clock::time_point start) const;
+
   std::vector<MPI_Request> requests_;
-  std::vector<std::string> owners_;
+  std::vector<Owner> owners_;
 };
 
 // MPI results are ignored here: a destructor has no one to tell, and the
@@ -313,15 +335,100 @@ RequestSet::~RequestSet() {
   }
 }
 
-ffi::Error RequestSet::WaitAll(double timeout_seconds, const std::string& what,
+std::string RequestSet::Waiting() const {
+  std::string waiting;
+  for (size_t i = 0; i < requests_.size(); ++i) {
+    if (requests_[i] == MPI_REQUEST_NULL) continue;
+    const std::string& owner = owners_[std::min(i, owners_.size() - 1)].text;
+    if (waiting.find(owner) == std::string::npos) {
+      waiting += (waiting.empty() ? "" : ", ") + owner;
+    }
+  }
+  return waiting;
+}
+
+// Why `comm_rank` (world rank `world_rank`) left, as the sentence an error
+// shows: who, why, after which op on this communicator, and what it means
+// for this op (number `sequence`).
+std::string Departed(const WaitScope& scope, int comm_rank, int world_rank,
+                     const PeerWatch::Departure& departure, uint64_t sequence) {
+  std::string text = "rank " + std::to_string(comm_rank);
+  if (world_rank != comm_rank) text += " (world rank " + std::to_string(world_rank) + ")";
+  text += departure.reason == PeerWatch::Reason::kShutdown
+              ? " has left: it called jaxfog.shutdown()"
+              : " has left: its program ended (jaxfog.shutdown at exit)";
+  const PeerWatch::LastOp* last = nullptr;
+  for (const PeerWatch::LastOp& op : departure.last) {
+    if (op.comm_id == scope.comm_id) last = &op;
+  }
+  if (last == nullptr) return text + ", and this op waits for it";
+  text += last->sequence == 0
+              ? " before any op on this communicator"
+              : " after its op #" + std::to_string(last->sequence) + " (" + OpName(last->op) +
+                    ") on this communicator";
+  text += ", and this op waits for it";
+  if (last->sequence < sequence) {
+    text += ". It never called this op: an op called on some ranks only (under `if rank "
+            "== ...`?), or an error on that rank before it";
+  }
+  return text;
+}
+
+ffi::Error RequestSet::CheckDepartures(const WaitScope& scope, const std::string& what,
+                                       Clock::time_point start) const {
+  // A rank that left had completed its sends, but they may still be on the
+  // way (MPI orders no messages across communicators): fail only once they
+  // had this long to arrive since the goodbye came, or since this wait began.
+  constexpr auto kGrace = std::chrono::seconds(1);
+  JAXFOG_RETURN_IF_ERROR(scope.watch->Poll());
+  const Clock::time_point now = Clock::now();
+  auto check = [&](int comm_rank) -> ffi::Error {
+    if (comm_rank == scope.rank || comm_rank < 0 ||
+        static_cast<size_t>(comm_rank) >= scope.world_ranks.size()) {
+      return ffi::Error::Success();
+    }
+    const int world_rank = scope.world_ranks[comm_rank];
+    std::optional<PeerWatch::Departure> gone = scope.watch->Gone(world_rank);
+    if (!gone || now - std::max(gone->seen, start) < kGrace) return ffi::Error::Success();
+    return ffi::Error(ffi::ErrorCode::kUnavailable,
+                      what + ": " + Departed(scope, comm_rank, world_rank, *gone,
+                                             scope.sequence ? *scope.sequence : 0) +
+                          " (still waiting for " + Waiting() + ")");
+  };
+  bool everyone = false;
+  for (size_t i = 0; i < requests_.size(); ++i) {
+    if (requests_[i] == MPI_REQUEST_NULL) continue;
+    const int rank = owners_[std::min(i, owners_.size() - 1)].rank;
+    if (rank == kEveryone) {
+      everyone = true;
+    } else {
+      JAXFOG_RETURN_IF_ERROR(check(rank));
+    }
+  }
+  if (everyone) {
+    for (int rank = 0; rank < static_cast<int>(scope.world_ranks.size()); ++rank) {
+      JAXFOG_RETURN_IF_ERROR(check(rank));
+    }
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error RequestSet::WaitAll(const WaitScope& scope, const std::string& what,
                                std::vector<int64_t>* done_at, const Finished& on_finished) {
-  using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   // MPI makes progress only while polled, so keep polling; yield the core
   // between polls (ranks may outnumber cores), and only sleep once a wait has
   // lasted long enough that latency no longer matters.
   constexpr double kSleepAfterSeconds = 0.05;
   constexpr auto kPause = std::chrono::microseconds(100);
+  // A wait this long is no longer the common quick one: from then on it
+  // checks now and then whether a rank it waits for has left, and says what
+  // it waits for once JAXFOG_WARN_AFTER has passed.
+  constexpr double kWatchAfterSeconds = 0.25;
+  constexpr auto kWatchEvery = std::chrono::milliseconds(100);
+  Clock::time_point next_check = start;
+  bool warned = false;
+  const double timeout_seconds = scope.timeout_seconds;
   // Testsome rather than Testall: it completes (and nulls) each request as it
   // finishes, so we know which finished when, and a timeout names only the
   // requests still pending.
@@ -348,45 +455,64 @@ ffi::Error RequestSet::WaitAll(double timeout_seconds, const std::string& what,
       if (on_finished) JAXFOG_RETURN_IF_ERROR(on_finished(finished, count));
       continue;  // poll again at once: more may have finished
     }
-    if (timeout_seconds > 0 &&
-        std::chrono::duration<double>(Clock::now() - start).count() > timeout_seconds) {
-      std::string waiting;
-      for (size_t i = 0; i < requests_.size(); ++i) {
-        if (requests_[i] == MPI_REQUEST_NULL) continue;
-        const std::string& owner = owners_[std::min(i, owners_.size() - 1)];
-        if (waiting.find(owner) == std::string::npos) {
-          waiting += (waiting.empty() ? "" : ", ") + owner;
-        }
-      }
+    if ((polls & 63) != 63) continue;  // the clock and the rest, now and then
+    const Clock::time_point now = Clock::now();
+    const double waited = std::chrono::duration<double>(now - start).count();
+    if (timeout_seconds > 0 && waited > timeout_seconds) {
       return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
                         what + " timed out after " + Seconds(timeout_seconds) +
-                            " s (JAXFOG_TIMEOUT) waiting for " + waiting +
+                            " s (JAXFOG_TIMEOUT) waiting for " + Waiting() +
                             ": a peer died, or ranks called different operations or "
                             "disagree on who sends to whom");
     }
-    if ((polls & 63) == 63) {
-      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
-      if (waited > kSleepAfterSeconds) {
-        std::this_thread::sleep_for(kPause);
-      } else {
-        std::this_thread::yield();
+    if (scope.watch != nullptr && waited > kWatchAfterSeconds && now >= next_check) {
+      next_check = now + kWatchEvery;
+      JAXFOG_RETURN_IF_ERROR(CheckDepartures(scope, what, start));
+      const double warn_after = scope.watch->warn_after_seconds();
+      if (!warned && warn_after > 0 && waited > warn_after) {
+        warned = true;  // once per wait: a stuck rank says where it is stuck
+        std::string rank = scope.world_ranks.empty() ||
+                                   scope.world_ranks[scope.rank] == scope.rank
+                               ? ""
+                               : " (world rank " + std::to_string(scope.world_ranks[scope.rank]) +
+                                     ")";
+        const std::string line =
+            what + rank + " is still waiting after " + Seconds(warn_after) +
+            " s (JAXFOG_WARN_AFTER) for " + Waiting() + "; it fails " +
+            (timeout_seconds > 0 ? "after " + Seconds(timeout_seconds) + " s" : "never") +
+            " (JAXFOG_TIMEOUT) unless they come\n";
+        std::fputs(line.c_str(), stderr);  // one write: ranks' lines stay whole
+        std::fflush(stderr);
       }
+    }
+    if (waited > kSleepAfterSeconds) {
+      std::this_thread::sleep_for(kPause);
+    } else {
+      std::this_thread::yield();
     }
   }
 }
 
 }  // namespace
 
-MpiTransport::MpiTransport(MPI_Comm comm, double timeout_seconds, size_t max_message_bytes)
+MpiTransport::MpiTransport(MPI_Comm comm, double timeout_seconds, size_t max_message_bytes,
+                           std::shared_ptr<PeerWatch> watch, int64_t comm_id)
     : comm_(comm),
       timeout_seconds_(timeout_seconds),
-      max_message_bytes_(std::clamp<size_t>(max_message_bytes, 1, INT_MAX)) {}
+      watch_(std::move(watch)),
+      max_message_bytes_(std::clamp<size_t>(max_message_bytes, 1, INT_MAX)) {
+  scope_.timeout_seconds = timeout_seconds;
+  scope_.watch = watch_.get();
+  scope_.comm_id = comm_id;
+  scope_.sequence = &sequence_;
+  if (watch_) progress_ = watch_->Track(comm_id);
+}
 
-ffi::ErrorOr<std::unique_ptr<MpiTransport>> MpiTransport::Create(MPI_Comm comm,
-                                                                  double timeout_seconds,
-                                                                  size_t max_message_bytes) {
-  std::unique_ptr<MpiTransport> transport(
-      new MpiTransport(comm, timeout_seconds, max_message_bytes));
+ffi::ErrorOr<std::unique_ptr<MpiTransport>> MpiTransport::Create(
+    MPI_Comm comm, double timeout_seconds, size_t max_message_bytes,
+    std::shared_ptr<PeerWatch> watch, int64_t comm_id) {
+  std::unique_ptr<MpiTransport> transport(new MpiTransport(
+      comm, timeout_seconds, max_message_bytes, std::move(watch), comm_id));
   if (ffi::Error err = transport->Init(); !err.success()) {
     return ffi::Unexpected<ffi::Error>(std::move(err));
   }
@@ -397,6 +523,11 @@ ffi::Error MpiTransport::Init() {
   // Validity of `comm_` was checked by the caller.
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  scope_.rank = rank_;
+  if (watch_) {
+    JAXFOG_ASSIGN_OR_FAIL(world_ranks, watch_->WorldRanks(comm_));
+    scope_.world_ranks = std::move(world_ranks);
+  }
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Op_create(&HalfSum, /*commute=*/1, &half_sum_),
                              "MPI_Op_create");
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Op_create(&BFloat16Sum, /*commute=*/1, &bfloat16_sum_),
@@ -412,6 +543,11 @@ MpiTransport::~MpiTransport() {
   if (bfloat16_sum_ != MPI_OP_NULL) MPI_Op_free(&bfloat16_sum_);
 }
 
+void MpiTransport::Begin(OpCode op) {
+  ++sequence_;
+  if (progress_ != nullptr) progress_->Record(op, sequence_);
+}
+
 std::string MpiTransport::Describe(const OpInfo& info) const {
   return std::string("jaxfog ") + OpName(info.op) + " (op #" + std::to_string(sequence_) +
          " on rank " + std::to_string(rank_) + ")";
@@ -421,7 +557,7 @@ ffi::Error MpiTransport::Barrier() {
   timeline::Span span("MPI_Ibarrier");
   RequestSet requests("the other ranks");
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Ibarrier(comm_, requests.Add()), "MPI_Ibarrier");
-  return requests.WaitAll(timeout_seconds_, "jaxfog barrier on rank " + std::to_string(rank_));
+  return requests.WaitAll(scope_, "jaxfog barrier on rank " + std::to_string(rank_));
 }
 
 ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec>& sends,
@@ -436,14 +572,14 @@ ffi::Error MpiTransport::CheckExchange(const OpInfo& info, const std::vector<Sen
 }
 
 ffi::Error MpiTransport::CheckCollective(const OpInfo& info, uint64_t bytes) {
-  ++sequence_;
+  Begin(info.op);
   return Agree(info, bytes, Describe(info));
 }
 
 ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec>& sends,
                                   const std::vector<RecvSpec>& recvs,
                                   const Streaming* streaming, bool with_data) {
-  ++sequence_;
+  Begin(info.op);
   const std::string what = Describe(info);
   size_t sent = 0;
   if (with_data) {
@@ -465,7 +601,7 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
     const int peer = recvs[i].peer;
     JAXFOG_RETURN_IF_MPI_ERROR(
         MPI_Irecv(&in_headers[i], sizeof(Header), MPI_BYTE, peer, kHeaderTag, comm_,
-                  header_requests.Add("the header from rank " + std::to_string(peer))),
+                  header_requests.Add("the header from rank " + std::to_string(peer), peer)),
         what + ": MPI_Irecv of a header from rank " + std::to_string(peer));
   }
   for (size_t i = 0; i < sends.size(); ++i) {
@@ -474,7 +610,7 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
                       TotalBytes(sends[i].pieces), info.layout};
     JAXFOG_RETURN_IF_MPI_ERROR(
         MPI_Isend(&out_headers[i], sizeof(Header), MPI_BYTE, peer, kHeaderTag, comm_,
-                  header_requests.Add("the header to rank " + std::to_string(peer))),
+                  header_requests.Add("the header to rank " + std::to_string(peer), peer)),
         what + ": MPI_Isend of a header to rank " + std::to_string(peer));
   }
   const size_t chunk_bytes =
@@ -485,7 +621,7 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
     for (const auto& chunk : Chunks(Runs(pieces), chunk_bytes)) {
       if (timed) data_peers.push_back(peer);
       MPI_Request* request = data_requests.Add(
-          (send ? "the send to rank " : "data from rank ") + std::to_string(peer));
+          (send ? "the send to rank " : "data from rank ") + std::to_string(peer), peer);
       JAXFOG_RETURN_IF_MPI_ERROR(PostChunk(chunk, send, peer, comm_, request),
                                  what + (send ? ": MPI_Isend to rank " : ": MPI_Irecv from rank ") +
                                      std::to_string(peer));
@@ -505,7 +641,7 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
   // Headers first: a peer in another op, or with another shape, is named
   // before any data of the wrong size is waited for.
   JAXFOG_RETURN_IF_ERROR(
-      header_requests.WaitAll(timeout_seconds_, what, timed ? &header_done : nullptr));
+      header_requests.WaitAll(scope_, what, timed ? &header_done : nullptr));
   bool layouts_differ = false;
   for (size_t i = 0; i < recvs.size(); ++i) {
     const Header& got = in_headers[i];
@@ -534,7 +670,7 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
                                                                     /*neighbours=*/true));
   }
   JAXFOG_RETURN_IF_ERROR(data_requests.WaitAll(
-      timeout_seconds_, what, timed ? &data_done : nullptr,
+      scope_, what, timed ? &data_done : nullptr,
       streaming ? StreamArrivals(*streaming, recv_first, chunk_bytes) : RequestSet::Finished()));
   if (streaming) JAXFOG_RETURN_IF_ERROR(streaming->arrived(Streaming::kAll));
   if (!timed) return ffi::Error::Success();
@@ -573,7 +709,7 @@ ffi::Error MpiTransport::Agree(const OpInfo& info, uint64_t bytes, const std::st
   JAXFOG_RETURN_IF_MPI_ERROR(
       MPI_Iallreduce(send, recv, 8, MPI_INT64_T, MPI_MAX, comm_, requests.Add()),
       what + ": MPI_Iallreduce");
-  JAXFOG_RETURN_IF_ERROR(requests.WaitAll(timeout_seconds_, what));
+  JAXFOG_RETURN_IF_ERROR(requests.WaitAll(scope_, what));
   auto differs = [&](int i) { return recv[i] != -recv[i + 4]; };
   if (differs(0) || differs(1)) {
     return ffi::Error::InvalidArgument(
@@ -589,7 +725,7 @@ ffi::Error MpiTransport::Agree(const OpInfo& info, uint64_t bytes, const std::st
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Iallgather(&header, sizeof(Header), MPI_BYTE, headers.data(),
                                             sizeof(Header), MPI_BYTE, comm_, gather.Add()),
                              what + ": MPI_Iallgather of the layouts");
-  JAXFOG_RETURN_IF_ERROR(gather.WaitAll(timeout_seconds_, what));
+  JAXFOG_RETURN_IF_ERROR(gather.WaitAll(scope_, what));
   std::vector<std::pair<int, Header>> seen;
   for (int r = 0; r < size_; ++r) seen.emplace_back(r, headers[r]);
   return ffi::Error::InvalidArgument(what + ": " + LayoutMismatch(rank_, std::move(seen),
@@ -598,7 +734,7 @@ ffi::Error MpiTransport::Agree(const OpInfo& info, uint64_t bytes, const std::st
 
 ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out,
                                    size_t count, ffi::DataType type) {
-  ++sequence_;
+  Begin(info.op);
   const std::string what = Describe(info);
   const MPI_Datatype mpi_type = MpiType(type);
   if (mpi_type == MPI_DATATYPE_NULL) {
@@ -623,11 +759,11 @@ ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out
                        op, comm_, requests.Add()),
         what + ": MPI_Iallreduce");
   }
-  return requests.WaitAll(timeout_seconds_, what);
+  return requests.WaitAll(scope_, what);
 }
 
 ffi::Error MpiTransport::Broadcast(const OpInfo& info, void* data, size_t bytes, int root) {
-  ++sequence_;
+  Begin(info.op);
   const std::string what = Describe(info);
   JAXFOG_RETURN_IF_ERROR(Agree(info, bytes, what));
   const int64_t peers = rank_ == root ? size_ - 1 : 0;  // the root sends to every other rank
@@ -640,12 +776,12 @@ ffi::Error MpiTransport::Broadcast(const OpInfo& info, void* data, size_t bytes,
                                           MPI_BYTE, root, comm_, requests.Add()),
                                what + ": MPI_Ibcast");
   }
-  return requests.WaitAll(timeout_seconds_, what);
+  return requests.WaitAll(scope_, what);
 }
 
 ffi::Error MpiTransport::Allgather(const OpInfo& info, const void* in, void* out,
                                    size_t bytes) {
-  ++sequence_;
+  Begin(info.op);
   const std::string what = Describe(info);
   JAXFOG_RETURN_IF_ERROR(Agree(info, bytes, what));
   if (bytes > max_message_bytes_) {
@@ -662,7 +798,7 @@ ffi::Error MpiTransport::Allgather(const OpInfo& info, const void* in, void* out
                                             static_cast<int>(bytes), MPI_BYTE, comm_,
                                             requests.Add()),
                              what + ": MPI_Iallgather");
-  return requests.WaitAll(timeout_seconds_, what);
+  return requests.WaitAll(scope_, what);
 }
 
 }  // namespace jaxfog

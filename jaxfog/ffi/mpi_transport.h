@@ -9,18 +9,32 @@
 #include <string>
 #include <vector>
 
+#include "peer_watch.h"
 #include "transport.h"
 
 namespace jaxfog {
+
+// What a wait needs besides its requests: its limit, and who the ranks of
+// its communicator are (to name them, and to check whether they have left).
+struct WaitScope {
+  double timeout_seconds = 0;   // JAXFOG_TIMEOUT; 0: forever
+  PeerWatch* watch = nullptr;   // null: no departure checks, no warning
+  std::vector<int> world_ranks;  // of each rank of the communicator (with a watch)
+  int64_t comm_id = 0;           // the runtime's id of the communicator
+  int rank = 0;                  // this rank in the communicator
+  const uint64_t* sequence = nullptr;  // the op number of the current op
+};
 
 class MpiTransport final : public Transport {
  public:
   // Does not take ownership: the runtime that duplicated `comm` frees it
   // after the transport is gone. Messages larger than `max_message_bytes`
-  // travel in several pieces (MPI counts are ints). Fails if MPI does.
-  static ffi::ErrorOr<std::unique_ptr<MpiTransport>> Create(MPI_Comm comm,
-                                                            double timeout_seconds,
-                                                            size_t max_message_bytes);
+  // travel in several pieces (MPI counts are ints). With `watch`, waits
+  // fail soon after a rank they wait for has left, and goodbyes report this
+  // communicator (the runtime's `comm_id`) by its last op. Fails if MPI does.
+  static ffi::ErrorOr<std::unique_ptr<MpiTransport>> Create(
+      MPI_Comm comm, double timeout_seconds, size_t max_message_bytes,
+      std::shared_ptr<PeerWatch> watch = nullptr, int64_t comm_id = 0);
   ~MpiTransport() override;
   MpiTransport(const MpiTransport&) = delete;
   MpiTransport& operator=(const MpiTransport&) = delete;
@@ -50,9 +64,12 @@ class MpiTransport final : public Transport {
   ffi::Error CheckCollective(const OpInfo& info, uint64_t bytes);
 
  private:
-  MpiTransport(MPI_Comm comm, double timeout_seconds, size_t max_message_bytes);
+  MpiTransport(MPI_Comm comm, double timeout_seconds, size_t max_message_bytes,
+               std::shared_ptr<PeerWatch> watch, int64_t comm_id);
   // The MPI calls construction needs (a constructor cannot fail).
   ffi::Error Init();
+  // Counts the next op (its sequence number), which goodbyes report.
+  void Begin(OpCode op);
   // Exchange, with its data or (`with_data` false) its headers only.
   ffi::Error Messages(const OpInfo& info, const std::vector<SendSpec>& sends,
                       const std::vector<RecvSpec>& recvs, const Streaming* streaming,
@@ -66,6 +83,9 @@ class MpiTransport final : public Transport {
   int rank_ = 0;
   int size_ = 1;
   double timeout_seconds_;
+  std::shared_ptr<PeerWatch> watch_;     // keeps scope_.watch alive
+  PeerWatch::Progress* progress_ = nullptr;  // owned by watch_
+  WaitScope scope_;
   size_t max_message_bytes_;
   uint64_t sequence_ = 0;  // ops run so far on this communicator
   MPI_Op half_sum_ = MPI_OP_NULL;

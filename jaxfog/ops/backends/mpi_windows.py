@@ -140,12 +140,14 @@ def win_free(name: str | None) -> bool:
 
 def _free_at_shutdown() -> None:
     """``shutdown()`` frees the windows still open (every rank shuts down, so
-    the collective free is matched), before MPI is finalised."""
+    the collective free is matched), before MPI is finalised; after this
+    rank's goodbye, so that a peer stuck waiting for it fails meanwhile and
+    comes to free them too."""
     if _windows:
         win_free(None)
 
 
-runtime._before_shutdown.append(_free_at_shutdown)
+runtime._before_release.append(_free_at_shutdown)
 
 
 def _named(peers: _args.Peers | None, default: np.ndarray, what: str,

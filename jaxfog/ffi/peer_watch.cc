@@ -1,0 +1,198 @@
+#include "peer_watch.h"
+
+#include <algorithm>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "mpi_status.h"
+#include "status.h"
+
+namespace jaxfog {
+
+namespace {
+
+constexpr int kGoodbyeTag = 7;
+constexpr uint64_t kGoodbyeMagic = 0x6a6178666f67ffull;
+
+std::mutex& CurrentMutex() {
+  static std::mutex* mutex = new std::mutex();  // never destroyed: used at exit
+  return *mutex;
+}
+
+std::shared_ptr<PeerWatch>& CurrentSlot() {
+  static auto* slot = new std::shared_ptr<PeerWatch>();
+  return *slot;
+}
+
+}  // namespace
+
+std::shared_ptr<PeerWatch> PeerWatch::Current() {
+  std::lock_guard<std::mutex> lock(CurrentMutex());
+  return CurrentSlot();
+}
+
+void PeerWatch::SetCurrent(std::shared_ptr<PeerWatch> watch) {
+  std::shared_ptr<PeerWatch> old;  // released outside the lock
+  std::lock_guard<std::mutex> lock(CurrentMutex());
+  old = std::exchange(CurrentSlot(), std::move(watch));
+}
+
+PeerWatch::PeerWatch(MPI_Comm comm, int rank, int size, uint64_t generation,
+                     double warn_after_seconds)
+    : comm_(comm),
+      rank_(rank),
+      generation_(generation),
+      warn_after_seconds_(warn_after_seconds),
+      departed_(size) {}
+
+ffi::ErrorOr<std::shared_ptr<PeerWatch>> PeerWatch::Create(MPI_Comm comm,
+                                                           double warn_after_seconds) {
+  int rank = 0, size = 0;
+  JAXFOG_RETURN_IF_ERROR_OR(
+      CheckMpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "peer watch: MPI_Comm_set_errhandler"));
+  JAXFOG_RETURN_IF_ERROR_OR(CheckMpi(MPI_Comm_rank(comm, &rank), "peer watch: MPI_Comm_rank"));
+  JAXFOG_RETURN_IF_ERROR_OR(CheckMpi(MPI_Comm_size(comm, &size), "peer watch: MPI_Comm_size"));
+  static std::atomic<uint64_t> watches{0};  // this process's inits so far
+  std::shared_ptr<PeerWatch> watch(
+      new PeerWatch(comm, rank, size, ++watches, warn_after_seconds));
+  std::lock_guard<std::mutex> lock(watch->mutex_);
+  JAXFOG_RETURN_IF_ERROR_OR(watch->Post());
+  return watch;
+}
+
+// MPI results are ignored here: a destructor has no one to tell.
+PeerWatch::~PeerWatch() {
+  int finalized = 0;
+  if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) Stop();
+}
+
+PeerWatch::Progress* PeerWatch::Track(int64_t comm_id) {
+  std::lock_guard<std::mutex> lock(progress_mutex_);
+  for (auto& [id, progress] : progress_) {
+    if (id == comm_id) return &progress;
+  }
+  return &progress_.emplace_back(std::piecewise_construct, std::forward_as_tuple(comm_id),
+                                 std::forward_as_tuple()).second;
+}
+
+ffi::ErrorOr<std::vector<int>> PeerWatch::WorldRanks(MPI_Comm comm) const {
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  JAXFOG_RETURN_IF_ERROR_OR(CheckMpi(MPI_Comm_group(comm, &group), "MPI_Comm_group"));
+  ffi::Error status = CheckMpi(MPI_Comm_group(comm_, &world), "MPI_Comm_group");
+  int size = 0;
+  if (status.success()) status = CheckMpi(MPI_Group_size(group, &size), "MPI_Group_size");
+  std::vector<int> ranks(static_cast<size_t>(size)), world_ranks(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) ranks[r] = r;
+  if (status.success()) {
+    status = CheckMpi(MPI_Group_translate_ranks(group, size, ranks.data(), world,
+                                                world_ranks.data()),
+                      "MPI_Group_translate_ranks");
+  }
+  MPI_Group_free(&group);
+  if (world != MPI_GROUP_NULL) MPI_Group_free(&world);
+  if (!status.success()) return ffi::Unexpected<ffi::Error>(status);
+  return world_ranks;
+}
+
+ffi::Error PeerWatch::Post() {
+  return CheckMpi(MPI_Irecv(&inbox_, sizeof(Wire), MPI_BYTE, MPI_ANY_SOURCE, kGoodbyeTag, comm_,
+                            &receive_),
+                  "peer watch: MPI_Irecv of a goodbye");
+}
+
+ffi::Error PeerWatch::Poll() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return PollLocked();
+}
+
+ffi::Error PeerWatch::PollLocked() {
+  while (!stopped_ && receive_ != MPI_REQUEST_NULL) {
+    int arrived = 0;
+    MPI_Status status;
+    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Test(&receive_, &arrived, &status),
+                               "peer watch: MPI_Test of a goodbye");
+    if (!arrived) break;
+    const int from = status.MPI_SOURCE;
+    if (inbox_.magic == kGoodbyeMagic && inbox_.generation == generation_ && from >= 0 &&
+        static_cast<size_t>(from) < departed_.size() && !departed_[from]) {
+      Departure departure{static_cast<Reason>(inbox_.reason), {},
+                          std::chrono::steady_clock::now()};
+      for (uint32_t i = 0; i < std::min<uint32_t>(inbox_.count, kMaxComms); ++i) {
+        departure.last.push_back({inbox_.last[i].comm_id,
+                                  static_cast<OpCode>(inbox_.last[i].op),
+                                  inbox_.last[i].sequence});
+      }
+      departed_[from] = std::move(departure);
+    }
+    JAXFOG_RETURN_IF_ERROR(Post());
+  }
+  return ffi::Error::Success();
+}
+
+std::optional<PeerWatch::Departure> PeerWatch::Gone(int rank) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (rank < 0 || static_cast<size_t>(rank) >= departed_.size()) return std::nullopt;
+  return departed_[rank];
+}
+
+ffi::Error PeerWatch::SayGoodbye(Reason reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Goodbyes already here: no message to a rank that will never read it.
+  JAXFOG_RETURN_IF_ERROR(PollLocked());
+  // Never freed: a send released below may still read it (see there).
+  static Wire* const outbox = new Wire();
+  Wire& out = *outbox;
+  out = Wire{};
+  out.magic = kGoodbyeMagic;
+  out.generation = generation_;
+  out.reason = static_cast<uint32_t>(reason);
+  {
+    std::lock_guard<std::mutex> progress_lock(progress_mutex_);
+    for (const auto& [id, progress] : progress_) {
+      if (out.count == kMaxComms) break;
+      const LastOp last = progress.Load(id);
+      out.last[out.count++] = {last.comm_id, static_cast<uint64_t>(last.op), last.sequence};
+    }
+  }
+  std::vector<MPI_Request> sends;
+  ffi::Error result = ffi::Error::Success();
+  for (int peer = 0; peer < static_cast<int>(departed_.size()); ++peer) {
+    if (peer == rank_ || departed_[peer]) continue;
+    MPI_Request& request = sends.emplace_back(MPI_REQUEST_NULL);
+    if (int code = MPI_Isend(&out, sizeof(Wire), MPI_BYTE, peer, kGoodbyeTag, comm_, &request);
+        code != MPI_SUCCESS) {
+      result = CheckMpi(code, "jaxfog.shutdown: MPI_Isend of a goodbye to rank " +
+                                  std::to_string(peer));
+    }
+  }
+  // A goodbye is small, so sent eagerly: the sends complete at once. One to
+  // a rank that has just finalized may not: it is released, and MPI finishes
+  // or drops it (nothing reads it).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  int done = 0;
+  while (!sends.empty() && std::chrono::steady_clock::now() < deadline) {
+    if (MPI_Testall(static_cast<int>(sends.size()), sends.data(), &done,
+                    MPI_STATUSES_IGNORE) != MPI_SUCCESS || done) {
+      break;
+    }
+    std::this_thread::yield();
+  }
+  for (MPI_Request& request : sends) {
+    if (request != MPI_REQUEST_NULL) MPI_Request_free(&request);
+  }
+  return result;
+}
+
+ffi::Error PeerWatch::Stop() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stopped_) return ffi::Error::Success();
+  stopped_ = true;
+  if (receive_ == MPI_REQUEST_NULL) return ffi::Error::Success();
+  // A cancelled receive completes at once (or has just matched a goodbye).
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Cancel(&receive_), "peer watch: MPI_Cancel");
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Wait(&receive_, MPI_STATUS_IGNORE), "peer watch: MPI_Wait");
+  return ffi::Error::Success();
+}
+
+}  // namespace jaxfog

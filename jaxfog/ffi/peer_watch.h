@@ -1,0 +1,142 @@
+// Knowing when a peer has left, so that a wait for it fails at once instead
+// of at JAXFOG_TIMEOUT.
+//
+// At shutdown every rank sends a small goodbye (what it ran last on each
+// communicator) to every other rank, over a communicator of its own that
+// init() duplicated from COMM_WORLD; every rank keeps a receive posted for
+// goodbyes. A wait that has lasted a little polls it now and then
+// (RequestSet::WaitAll in mpi_transport.cc) and fails when a rank it waits
+// for has said goodbye. A rank killed outright says nothing: mpiexec tears
+// the job down then.
+#ifndef JAXFOG_FFI_PEER_WATCH_H_
+#define JAXFOG_FFI_PEER_WATCH_H_
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ops.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxfog {
+
+namespace ffi = ::xla::ffi;
+
+class PeerWatch {
+ public:
+  // Why a rank left: jaxfog.shutdown() called by the program, or at exit.
+  enum class Reason : uint32_t { kShutdown = 1, kExit = 2 };
+
+  // The op a rank ran last on the communicator with runtime id `comm_id`.
+  struct LastOp {
+    int64_t comm_id;
+    OpCode op;
+    uint64_t sequence;  // 0: none yet
+  };
+
+  struct Departure {
+    Reason reason;
+    std::vector<LastOp> last;
+    std::chrono::steady_clock::time_point seen;  // when this rank received it
+  };
+
+  // What a goodbye reports for one communicator: updated by its transport at
+  // the start of each op (the ops of one communicator run one at a time).
+  class Progress {
+   public:
+    void Record(OpCode op, uint64_t sequence) {
+      op_.store(static_cast<uint32_t>(op), std::memory_order_relaxed);
+      sequence_.store(sequence, std::memory_order_relaxed);
+    }
+    LastOp Load(int64_t comm_id) const {
+      return {comm_id, static_cast<OpCode>(op_.load(std::memory_order_relaxed)),
+              sequence_.load(std::memory_order_relaxed)};
+    }
+
+   private:
+    std::atomic<uint32_t> op_{0};
+    std::atomic<uint64_t> sequence_{0};
+  };
+
+  // Watches for goodbyes on `comm`, a duplicate of COMM_WORLD that the
+  // runtime made for this alone and frees after Stop(). `warn_after_seconds`
+  // (JAXFOG_WARN_AFTER; 0: never) is when a long wait says what it waits for.
+  static ffi::ErrorOr<std::shared_ptr<PeerWatch>> Create(MPI_Comm comm,
+                                                         double warn_after_seconds);
+  ~PeerWatch();
+  PeerWatch(const PeerWatch&) = delete;
+  PeerWatch& operator=(const PeerWatch&) = delete;
+
+  // The watch init() started, for the C API that registers communicators;
+  // null before init and after shutdown.
+  static std::shared_ptr<PeerWatch> Current();
+  static void SetCurrent(std::shared_ptr<PeerWatch> watch);
+
+  int rank() const { return rank_; }
+  double warn_after_seconds() const { return warn_after_seconds_; }
+
+  // The progress record of communicator `comm_id` (owned by the watch).
+  Progress* Track(int64_t comm_id);
+  // The world rank of each rank of `comm` (a sub-communicator numbers its
+  // ranks its own way; goodbyes come from world ranks).
+  ffi::ErrorOr<std::vector<int>> WorldRanks(MPI_Comm comm) const;
+
+  // Takes in the goodbyes that have arrived. Thread-safe; a few MPI_Tests.
+  ffi::Error Poll();
+  // World rank `rank`'s goodbye, if it has said one (as of the last Poll).
+  std::optional<Departure> Gone(int rank) const;
+
+  // Sends this rank's goodbye to every rank not known to have left. Once
+  // every op of this rank has finished; best effort (a peer that left
+  // meanwhile gets an eager message it never reads).
+  ffi::Error SayGoodbye(Reason reason);
+  // Cancels the posted receive: before the runtime frees the communicator
+  // and MPI is finalized. Poll does nothing after.
+  ffi::Error Stop();
+
+ private:
+  static constexpr size_t kMaxComms = 8;
+  struct Wire {
+    uint64_t magic;
+    // Which init() of the sender: MPI may give a later communicator the
+    // context of a freed one, and a goodbye that arrived as the old watch
+    // stopped would otherwise reach the new one. Every rank inits alike.
+    uint64_t generation;
+    uint32_t reason;
+    uint32_t count;
+    struct {
+      int64_t comm_id;
+      uint64_t op;
+      uint64_t sequence;
+    } last[kMaxComms];
+  };
+
+  PeerWatch(MPI_Comm comm, int rank, int size, uint64_t generation, double warn_after_seconds);
+  // Posts the receive for the next goodbye (mutex_ held).
+  ffi::Error Post();
+  ffi::Error PollLocked();
+
+  const MPI_Comm comm_;
+  const int rank_;
+  const uint64_t generation_;
+  const double warn_after_seconds_;
+  mutable std::mutex mutex_;
+  MPI_Request receive_ = MPI_REQUEST_NULL;
+  Wire inbox_{};
+  bool stopped_ = false;
+  std::vector<std::optional<Departure>> departed_;  // by world rank
+  std::mutex progress_mutex_;
+  std::deque<std::pair<int64_t, Progress>> progress_;  // a deque: stable addresses
+};
+
+}  // namespace jaxfog
+
+#endif  // JAXFOG_FFI_PEER_WATCH_H_

@@ -1,0 +1,186 @@
+"""A mistake that is already certain fails in seconds, not at JAXFOG_TIMEOUT.
+
+A rank that shuts down (``jaxfog.shutdown()`` or at exit) says goodbye to the
+others; an op waiting for it then fails within a second or two, naming it and
+its last op. An op that waits longer than ``JAXFOG_WARN_AFTER`` says once what
+it waits for. Wall-clock bounds are wide: CI runs on two shared cores.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from jaxfog.cli import launcher
+from jaxfog.testing import run_mpi
+from mpi_harness import mpi_test
+
+#: Far beyond what a departure takes to notice (about 1.5 s), far below the timeout.
+SOON = 60
+
+
+@pytest.mark.parametrize("window", [False, True])
+def test_collective_on_one_rank_fails_soon_after_the_other_exits(tmp_path, window):
+    """The issue's case: ``if rank == 0: allreduce(x)``; rank 1 just ends. With a
+    window, rank 1's exit blocks in the collective free of it, after its goodbye."""
+    script = tmp_path / "one_rank.py"
+    script.write_text(textwrap.dedent(f"""
+        import time
+
+        import jax.numpy as jnp
+        import jaxfog as jf
+
+        jf.init()
+        if {window}:
+            jf.win_create(jnp.zeros(4), "w")
+        if jf.rank() == 0:
+            start = time.monotonic()
+            try:
+                jf.allreduce(jnp.ones(3))
+            except Exception as error:
+                print(f"rank 0 failed after {{time.monotonic() - start:.1f}} s: {{error}}",
+                      flush=True)
+            else:
+                print("rank 0: no error", flush=True)
+    """))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAXFOG_TIMEOUT": "600",
+           "PYTHONUNBUFFERED": "1"}
+    command = launcher.build_command([sys.executable, str(script)], 2, env=env)
+    start = time.monotonic()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - start
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "rank 0 failed after" in output, output
+    assert ("allreduce (op #1 on rank 0): rank 1 has left: its program ended "
+            "(jaxfog.shutdown at exit) before any op on this communicator, and this op "
+            "waits for it. It never called this op: an op called on some ranks only") in output, \
+        output
+    waited = float(output.split("rank 0 failed after ")[1].split(" s")[0])
+    assert waited < SOON, output
+    assert seconds < 2 * SOON + 60, output  # start-up of two JAX processes included
+
+
+@mpi_test(nprocs=(3,), env={"JAXFOG_TIMEOUT": "300"}, timeout=240)
+def test_op_waiting_for_ranks_that_shut_down_fails_naming_them():
+    import re
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog as jf
+
+    jf.init()
+    r = jf.rank()
+    np.testing.assert_allclose(jf.allreduce(jnp.full(2, float(r))), 1.0)  # op #1 everywhere
+    if r == 0:
+        start = time.monotonic()
+        with pytest.raises(Exception) as caught:
+            jf.allreduce(jnp.ones(3))  # op #2, on rank 0 only
+        assert time.monotonic() - start < SOON
+        message = str(caught.value)
+        assert re.search(r"allreduce \(op #2 on rank 0\): rank [12] has left: it called "
+                         r"jaxfog\.shutdown\(\) after its op #1 \(allreduce\) on this "
+                         r"communicator, and this op waits for it\. It never called this op",
+                         message), message
+    jf.shutdown()
+
+
+@mpi_test(nprocs=(4,), env={"JAXFOG_TIMEOUT": "300", "JAXFOG_NODES_PER_MACHINE": "2"},
+          timeout=240)
+def test_machine_communicators_name_world_ranks():
+    """Machines {0, 1} and {2, 3}; rank 3 leaves. Each failure ends a rank, which
+    the next one waiting for it then hears of: 2 (machine allreduce), 0 (leaders'
+    exchange), 1 (machine broadcast)."""
+    import jax.numpy as jnp
+
+    import jaxfog as jf
+
+    jf.init()
+    r = jf.rank()
+    if r == 3:
+        jf.shutdown()
+        return
+    expected = {2: r"jaxfog allreduce \(op #1 on rank 0\): rank 1 \(world rank 3\) has left",
+                0: r"jaxfog neighbor_allreduce \(op #1 on rank 0\): rank 1 \(world rank 2\) "
+                   r"has left",
+                1: r"jaxfog broadcast \(op #2 on rank 1\): rank 0 has left: it called "
+                   r"jaxfog\.shutdown\(\) after its op #1 \(allreduce\)"}[r]
+    start = time.monotonic()
+    with pytest.raises(Exception, match=expected):
+        jf.hierarchical_neighbor_allreduce(jnp.ones(3))
+    assert time.monotonic() - start < SOON
+    jf.shutdown()
+
+
+@mpi_test(nprocs=(3,), env={"JAXFOG_TIMEOUT": "300"}, timeout=240)
+def test_neighbor_op_outlives_a_rank_it_does_not_talk_to():
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog as jf
+
+    jf.init()
+    r = jf.rank()
+    if r == 2:
+        jf.shutdown()  # ranks 0 and 1 go on without it
+        return
+    other = 1 - r
+    if r == 1:
+        time.sleep(3)  # rank 0 waits well past the departure checks' grace
+    start = time.monotonic()
+    y = jf.neighbor_allreduce(jnp.full(3, float(r)), self_weight=0.5,
+                              src_weights={other: 0.5}, dst_weights=[other])
+    np.testing.assert_allclose(y, 0.5)
+    if r == 0:
+        assert time.monotonic() - start > 2  # it did wait, with rank 2 gone
+    jf.shutdown()
+
+
+def late_peer_body():
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog as jf
+
+    jf.init()
+    r = jf.rank()
+    if r == 1:
+        time.sleep(6)  # three times JAXFOG_WARN_AFTER
+    y = jf.neighbor_allreduce(jnp.full(3, float(r)), self_weight=0.5, src_weights={1 - r: 0.5},
+                              dst_weights=[1 - r])
+    np.testing.assert_allclose(y, 0.5)
+    jf.shutdown()
+
+
+def test_long_wait_says_once_what_it_waits_for_then_succeeds():
+    result = run_mpi(2, __file__, "late_peer_body", timeout=240,
+                     env={"JAXFOG_WARN_AFTER": "2", "JAXFOG_TIMEOUT": "300"})
+    assert result.ok, result.report()
+    lines = [line for line in result.output.splitlines() if "JAXFOG_WARN_AFTER" in line]
+    assert lines == [
+        "jaxfog neighbor_allreduce (op #1 on rank 0) is still waiting after 2 s "
+        "(JAXFOG_WARN_AFTER) for the header from rank 1; it fails after 300 s "
+        "(JAXFOG_TIMEOUT) unless they come"], result.output
+
+
+def test_warn_after_is_a_number_of_seconds(monkeypatch):
+    from jaxfog import runtime
+
+    def read():
+        return runtime._seconds_from_env(runtime.WARN_AFTER_ENV,
+                                         runtime.DEFAULT_WARN_AFTER_SECONDS, "never warns")
+
+    monkeypatch.delenv(runtime.WARN_AFTER_ENV, raising=False)
+    assert read() == 30.0
+    monkeypatch.setenv(runtime.WARN_AFTER_ENV, "0.5")
+    assert read() == 0.5
+    for text in ("soon", "-1"):
+        monkeypatch.setenv(runtime.WARN_AFTER_ENV, text)
+        with pytest.raises(ValueError, match="JAXFOG_WARN_AFTER"):
+            read()
