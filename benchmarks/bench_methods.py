@@ -1,7 +1,7 @@
 """Which method when the agents' data differ: every jaxfog.optax method, with
 SGD-momentum and with Adam, on digits split by label and split i.i.d.
 
-    nice -n 10 python benchmarks/bench_methods.py          # ~15 CPU-minutes on 2 cores
+    nice -n 10 python benchmarks/bench_methods.py          # ~5 CPU-minutes, 44 runs
     python benchmarks/bench_methods.py --quick             # a smoke run, nothing written
 
 The digits MLP of ``examples/train_digits.py`` (two hidden layers of 128) on
