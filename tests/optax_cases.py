@@ -145,6 +145,8 @@ def all_cases(n: int, problem: Problem):
     yield "awc allreduce", jfo.awc(optax.sgd(lr), communication="allreduce"), expo
     yield "gradient_allreduce", jfo.gradient_allreduce(optax.sgd(lr)), expo
     yield "gradient_tracking", jfo.gradient_tracking(lr, topology=schedule), expo
+    yield ("gradient_tracking adam", jfo.gradient_tracking(optax.adam(1e-2), topology=schedule),
+           expo)
     yield "exact_diffusion", jfo.exact_diffusion(lr), expo
     yield "push_sum", jfo.push_sum(optax.sgd(lr)), expo
     yield "push_diging", jfo.push_diging(lr / 2, topology=schedule), expo

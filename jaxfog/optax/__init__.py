@@ -34,6 +34,9 @@ The transformations:
 * :func:`gradient_allreduce`: global gradient averaging, the baseline.
 * :func:`gradient_tracking` and :func:`exact_diffusion`: exact methods (they
   reach the optimum of :math:`\sum_i f_i` with a constant step size).
+  :func:`gradient_tracking` also takes an optax transformation in place of
+  its step size and runs it on the tracked gradient: Adam for agents whose
+  data differ, where Adam inside :func:`atc` or :func:`awc` stalls.
 * :func:`push_sum` and :func:`push_diging`: directed and time-varying graphs,
   with the column-stochastic weights of :func:`column_stochastic`.
 * :func:`choco` and :func:`beer`: compressed gossip (CHOCO-SGD, and BEER,
@@ -54,9 +57,10 @@ Where they stand in a chain: ``atc``, ``awc``, ``push_sum``, ``local_sgd``,
 ``diloco`` and ``noloco`` wrap an inner optax transformation (put clipping,
 weight decay, etc. inside it) and must be the last element of a chain, since
 their updates move the parameters to mixed values; ``gradient_allreduce``
-averages the gradients before its inner transformation; ``gradient_tracking``,
-``exact_diffusion`` and ``push_diging`` take a learning rate and are used
-alone (or after gradient-only transforms such as clipping).
+averages the gradients before its inner transformation; ``gradient_tracking``
+(a learning rate or an inner transformation), ``exact_diffusion`` and
+``push_diging`` (a learning rate) are used alone (or after gradient-only
+transforms such as clipping) and, mixing the parameters, come last.
 
 Compile the train step with :func:`jaxfog.jit` (a drop-in for ``jax.jit``):
 the step then dispatches on JAX's C++ path, which matters for a state of

@@ -23,11 +23,14 @@ class TrackingState(NamedTuple):
     prev_grads: Tree
     #: Number of ``update`` calls so far (an int32 scalar); picks a ``Schedule``'s entry.
     count: jax.Array
+    #: The inner transformation's state when ``gradient_tracking`` was given one
+    #: (``optax.EmptyState()`` with a learning rate).
+    inner: optax.OptState = optax.EmptyState()
 
 
 @mixes_parameters
-def gradient_tracking(learning_rate: float | optax.Schedule, *, topology: Any = None
-                      ) -> optax.GradientTransformationExtraArgs:
+def gradient_tracking(learning_rate: float | optax.Schedule | optax.GradientTransformation,
+                      *, topology: Any = None) -> optax.GradientTransformationExtraArgs:
     r"""Gradient tracking (DIGing) in adapt-then-combine form: exact at a constant step size.
 
     .. math::
@@ -45,6 +48,26 @@ def gradient_tracking(learning_rate: float | optax.Schedule, *, topology: Any = 
     exact optimum of :math:`\sum_i f_i`, not to a neighbourhood of it as
     :func:`atc` does. Two neighbour exchanges per step, one after the other.
 
+    Given an optax transformation instead of a learning rate (momentum, Adam,
+    a chain with clipping or weight decay), the tracker is what that
+    transformation sees: every agent runs it on :math:`y_i^k`, an estimate of
+    the network's average gradient, instead of on its own gradient,
+
+    .. math::
+
+        u_i^k = \mathrm{inner}\left( y_i^k \right), \qquad
+        x_i^{k+1} = \sum_j W_{ij} \left( x_j^k + u_j^k \right),
+
+    (``optax.sgd(a)`` gives the equations above exactly). This is the remedy
+    for adaptive optimizers on agents whose data differ: under :func:`atc`
+    each agent's Adam normalises its *own* gradient, and where the local
+    gradients disagree the normalised steps do not average to zero at the
+    optimum of :math:`\sum_i f_i` (near it Adam's step tends to
+    :math:`-a\, \mathrm{sign}(g_i)` per coordinate, whatever the step
+    size), so the agents settle elsewhere; fed the tracker, every agent's
+    Adam normalises about the same average gradient, as under
+    :func:`gradient_allreduce` (the idea of GTAdam, Carnevale et al. 2023).
+
     Both exchanges come after the local terms are added (adapt then
     combine), as in Xu et al.'s Aug-DGM; DIGing and Qu & Li's method add them
     after mixing: :math:`x_i^{k+1} = \sum_j W_{ij} x_j^k - a\, y_i^k` and
@@ -52,7 +75,10 @@ def gradient_tracking(learning_rate: float | optax.Schedule, *, topology: Any = 
 
     Args:
       learning_rate: the step size :math:`a`: a number, or an optax schedule
-        (a function of the step count :math:`k`).
+        (a function of the step count :math:`k`); or an optax transformation
+        (``inner`` above), whose ``update`` receives the tracker, its state,
+        the unmixed ``params`` and the extra keyword arguments given to this
+        ``update``.
       topology: :math:`W`: a doubly stochastic
         :class:`~jaxfog.topology.Topology`, a :class:`~jaxfog.topology.Schedule`
         of them (entry ``k % period`` at step ``k``, for both exchanges) or
@@ -61,16 +87,20 @@ def gradient_tracking(learning_rate: float | optax.Schedule, *, topology: Any = 
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is a
-      :class:`TrackingState` (the tracker, the last gradient and the step
-      counter). ``update(grads, state, params)`` needs ``params``
-      (``ValueError`` without), ignores extra keyword arguments and returns
-      :math:`x_i^{k+1} - x_i^k`. Use it alone or after gradient-only
-      transformations such as clipping.
+      :class:`TrackingState` (the tracker, the last gradient, the step
+      counter and the inner state). ``update(grads, state, params)`` needs
+      ``params`` (``ValueError`` without) and returns :math:`x_i^{k+1} -
+      x_i^k`, so it must be the last element of a chain. Use it alone or
+      after gradient-only transformations such as clipping (which then clip
+      the local gradients, before tracking).
 
     Example::
 
         optimizer = jaxfog.optax.gradient_tracking(
             0.05, topology=jaxfog.topology.exponential(jaxfog.size()))
+        # Adam on the tracked gradient: for agents whose data differ
+        optimizer = jaxfog.optax.gradient_tracking(
+            optax.adam(1e-3), topology=jaxfog.topology.exponential(jaxfog.size()))
         opt_state = optimizer.init(params)
         # ... then the jitted train step of the module docstring
 
@@ -85,9 +115,16 @@ def gradient_tracking(learning_rate: float | optax.Schedule, *, topology: Any = 
       Xu, Zhu, Soh, Xie. *Augmented Distributed Gradient Methods for
       Multi-Agent Optimization Under Uncoordinated Constant Stepsizes*. IEEE
       Conference on Decision and Control (CDC), 2015.
+
+      Carnevale, Farina, Notarnicola, Notarstefano. *GTAdam: Gradient Tracking
+      with Adaptive Momentum for Distributed Online Optimization*. IEEE
+      Transactions on Control of Network Systems, 2023.
     """
-    learning_rate = V.learning_rate("jaxfog.optax.gradient_tracking", learning_rate)
     V.topology("jaxfog.optax.gradient_tracking", topology)
+    if isinstance(learning_rate, optax.GradientTransformation):
+        return _tracking_inner(learning_rate, topology)
+    learning_rate = V.learning_rate("jaxfog.optax.gradient_tracking", learning_rate)
+
     def init(params):
         zeros = jax.tree.map(jnp.zeros_like, params)
         return TrackingState(zeros, zeros, jnp.zeros([], jnp.int32))
@@ -100,6 +137,25 @@ def gradient_tracking(learning_rate: float | optax.Schedule, *, topology: Any = 
         x = average(jax.tree.map(lambda p, t: p - lr * t, params, y), topology,
                      state.count, "gradient_tracking")
         return sub(x, params), TrackingState(y, grads, state.count + 1)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _tracking_inner(inner: optax.GradientTransformation, topology: Any
+                    ) -> optax.GradientTransformationExtraArgs:
+    """:func:`gradient_tracking` with an optax transformation on the tracker."""
+
+    def init(params):
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return TrackingState(zeros, zeros, jnp.zeros([], jnp.int32), inner.init(params))
+
+    def update(grads, state, params=None, **extra):
+        need_params("gradient_tracking", params)
+        y = average(jax.tree.map(lambda y, g, h: y + g - h, state.tracker, grads,
+                                  state.prev_grads), topology, state.count, "gradient_tracking")
+        u, inner_state = inner.update(y, state.inner, params, **extra)
+        x = average(optax.apply_updates(params, u), topology, state.count, "gradient_tracking")
+        return sub(x, params), TrackingState(y, grads, state.count + 1, inner_state)
 
     return optax.GradientTransformationExtraArgs(init, update)
 
