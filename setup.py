@@ -171,6 +171,13 @@ def _mpi_library_paths(library_dirs: list[str], libraries: list[str]) -> dict[st
     return found
 
 
+def _jaxlib_version() -> str | None:
+    try:
+        return importlib.metadata.version("jaxlib")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 #: Where a build records what it was built with (see :func:`needs_rebuild`).
 FINGERPRINT_KEY = "fingerprint"
 
@@ -183,10 +190,7 @@ def build_fingerprint(info: dict, *, jaxlib_version: str | None = None,
     import hashlib
 
     if jaxlib_version is None:
-        try:
-            jaxlib_version = importlib.metadata.version("jaxlib")
-        except importlib.metadata.PackageNotFoundError:
-            jaxlib_version = None
+        jaxlib_version = _jaxlib_version()
     if compiler is None:
         compiler = [os.environ.get("CXX", ""), os.environ.get("CC", ""),
                     str(sysconfig.get_config_var("CXX") or "")]
@@ -244,6 +248,7 @@ class BuildFfi(build_ext):
         by_path = _mpi_library_paths(mpi["library_dirs"], mpi["libraries"])
         info = {"builder": "setuptools", "mpicxx": mpicxx, "system_mpi": _system_mpicxx() is not None,
                 "mpi_flags": flags, "mpi_libraries": by_path, **_detect_cuda_nccl()}
+        info["jaxlib"] = _jaxlib_version()  # named when loaded under another jaxlib
         info[FINGERPRINT_KEY] = build_fingerprint(info)
         for ext in self.extensions:
             if needs_rebuild(self.get_ext_fullpath(ext.name), info[FINGERPRINT_KEY]):
