@@ -40,7 +40,8 @@ def test_a_newer_minor_or_another_major_version_is_a_clear_error(built, running)
     assert isinstance(caught.value, JaxfogError)
     assert "built against jaxlib 0.12.0.1 (XLA FFI API %d.%d)" % built in message
     assert f"this is jaxlib {jaxlib.__version__} (XLA FFI API %d.%d)" % running in message
-    assert "rebuild jaxfog against this jaxlib" in message
+    assert "rebuild jaxfog against this jaxlib, in this environment" in message
+    assert "pip install --no-build-isolation" in message
 
 
 def test_a_registration_xla_refuses_is_a_clear_error(monkeypatch):

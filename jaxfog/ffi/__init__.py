@@ -187,8 +187,10 @@ def _api_mismatch(built: tuple[int, int], running: tuple[int, int] | None,
     return (f"jaxfog's FFI library was built against jaxlib {built_jaxlib or '?'} "
             f"(XLA FFI API {version(built)}), but this is jaxlib {jaxlib.__version__} "
             f"(XLA FFI API {version(running)}), which does not accept its handlers: "
-            f"rebuild jaxfog against this jaxlib ('pip install --force-reinstall --no-deps .' "
-            f"or 'pip install -e .' in the source tree)")
+            f"rebuild jaxfog against this jaxlib, in this environment: 'pip install "
+            f"--no-build-isolation --force-reinstall --no-deps .' in the source tree (with "
+            f"setuptools, wheel and mpich installed; pip's isolated build would take the "
+            f"newest jaxlib instead)")
 
 
 #: Where each rank writes its op timeline (a Chrome trace / Perfetto JSON file);
