@@ -110,7 +110,7 @@ def test_trace_context_int_retraces():
 
 
 #: JAX versions where an unguarded AOT call with an ordered effect was seen to
-#: lose its token on the second call (jax 0.10.2 does not show it).
+#: lose its token on the second call (jax 0.10.2 and 0.11.2 do not show it).
 AOT_TOKEN_BUG = {(0, 12)}
 
 

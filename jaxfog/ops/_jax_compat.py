@@ -132,9 +132,9 @@ def keep_aot_calls_on_token_path(is_ours: Callable[[Any], bool]) -> bool:
 
     ``jit(f).lower(...).compile()`` of a function with an ordered effect
     installs JAX's C++ fast path after its first call, which then calls the
-    executable without the token (seen with jax 0.12.0; not with 0.10.2). The
-    guard costs only the fast path of such AOT calls, so it is installed on
-    every version. Only plain ``jax.jit`` needs it: ``jaxfog.jit``
+    executable without the token (seen with jax 0.12.0; not with 0.10.2 or
+    0.11.2). The guard costs only the fast path of such AOT calls, so it is
+    installed on every version. Only plain ``jax.jit`` needs it: ``jaxfog.jit``
     computations have no effect at the top. Returns whether it is installed.
     """
     from jax._src.interpreters import pxla
