@@ -177,6 +177,13 @@ def _mpi_library_paths(library_dirs: list[str], libraries: list[str]) -> dict[st
     return found
 
 
+def _jaxlib_version() -> str | None:
+    try:
+        return importlib.metadata.version("jaxlib")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 #: Where a build records what it was built with (see :func:`needs_rebuild`).
 FINGERPRINT_KEY = "fingerprint"
 
@@ -189,10 +196,7 @@ def build_fingerprint(info: dict, *, jaxlib_version: str | None = None,
     import hashlib
 
     if jaxlib_version is None:
-        try:
-            jaxlib_version = importlib.metadata.version("jaxlib")
-        except importlib.metadata.PackageNotFoundError:
-            jaxlib_version = None
+        jaxlib_version = _jaxlib_version()
     if compiler is None:
         compiler = [os.environ.get("CXX", ""), os.environ.get("CC", ""),
                     str(sysconfig.get_config_var("CXX") or "")]
@@ -267,6 +271,7 @@ class BuildFfi(build_ext):
         by_path = _mpi_library_paths(mpi["library_dirs"], mpi["libraries"])
         info = {"builder": "setuptools", "mpicxx": mpicxx, "system_mpi": _system_mpicxx() is not None,
                 "mpi_flags": flags, "mpi_libraries": by_path, **_detect_cuda_nccl()}
+        info["jaxlib"] = _jaxlib_version()  # named when loaded under another jaxlib
         info[FINGERPRINT_KEY] = build_fingerprint(info)
         for ext in self.extensions:
             if needs_rebuild(self.get_ext_fullpath(ext.name), info[FINGERPRINT_KEY]):
@@ -322,9 +327,9 @@ _NCCL_WHEEL = "nvidia-nccl-cu13; sys_platform == 'linux' and platform_machine ==
 
 
 def _install_requires() -> list[str]:
-    # Tested with jax 0.10 (CPU machines) and 0.11 (the GPU machine); private JAX
-    # API is confined to jaxfog/ops/_jax_compat.py.
-    requires = ["jax>=0.10,<0.12", "jaxlib>=0.10,<0.12", "numpy>=1.24", "mpi4py>=4.0", "optax"]
+    # The last three minor jax releases (docs/building.rst: the support window);
+    # private JAX API is confined to jaxfog/ops/_jax_compat.py.
+    requires = ["jax>=0.10,<0.13", "jaxlib>=0.10,<0.13", "numpy>=1.24", "mpi4py>=4.0", "optax"]
     if _system_mpicxx() is None:
         requires.append("mpich")
     return requires
@@ -338,7 +343,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     license_files=["LICENSE"],
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # jaxlib 0.10 has no Python 3.10 wheels
     packages=find_packages(include=["jaxfog", "jaxfog.*"]),
     package_data={"jaxfog": ["py.typed"], "jaxfog.ffi": ["*.h", "*.cc", "exports.lds"]},
     ext_modules=[Extension(FFI_EXT_NAME, sources=FFI_SOURCES, language="c++",

@@ -15,6 +15,8 @@ import jaxfog.optax as jfo
 import jaxfog.topology as T
 from optax_cases import directed_graph, least_squares
 
+pytestmark = pytest.mark.jax_internals
+
 N = 4
 
 

@@ -3,7 +3,10 @@ with each other and with numpy on the same inputs."""
 
 from __future__ import annotations
 
+import pytest
 from mpi_harness import mpi_test
+
+pytestmark = pytest.mark.jax_internals
 
 
 @mpi_test()

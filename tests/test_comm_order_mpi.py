@@ -15,7 +15,10 @@ tests/test_ffi_units.py checks the communication thread's order directly.
 
 from __future__ import annotations
 
+import pytest
 from mpi_harness import mpi_test
+
+pytestmark = pytest.mark.jax_internals
 
 # Large messages go to the communication thread, small ones would run inline.
 ASYNC_MIN_BYTES = 1 << 16

@@ -15,6 +15,8 @@ import jaxfog.optax as jfo
 import jaxfog.topology as T
 import optax_cases as oc
 
+pytestmark = pytest.mark.jax_internals
+
 jax.config.update("jax_enable_x64", True)
 
 

@@ -18,6 +18,8 @@ import jaxfog.topology as T
 from jaxfog.simulation import clock as sc
 from optax_cases import directed_graph, least_squares
 
+pytestmark = pytest.mark.jax_internals
+
 N = 4
 
 

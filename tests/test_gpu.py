@@ -20,8 +20,9 @@ from jaxfog.ffi import nccl_setup
 from jaxfog import topology as T
 from jaxfog.testing import run_mpi
 
-pytestmark = pytest.mark.skipif(not nccl_setup.has_cuda(),
-                                reason="needs a CUDA GPU (scripts/gpu_check.sh)")
+pytestmark = [pytest.mark.jax_internals,
+              pytest.mark.skipif(not nccl_setup.has_cuda(),
+                                 reason="needs a CUDA GPU (scripts/gpu_check.sh)")]
 CUDA = {"JAX_PLATFORMS": "cuda", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 

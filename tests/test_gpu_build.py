@@ -35,6 +35,8 @@ from jaxfog.testing import run_mpi
 import test_ops_mpi
 import test_window_mpi
 
+pytestmark = pytest.mark.jax_internals
+
 CUDA = Path("/usr/local/cuda")
 HAS_TOOLKIT = (CUDA / "include" / "cuda_runtime.h").exists() and any(
     (CUDA / d / "libcudart_static.a").exists() for d in ("lib64", "lib"))

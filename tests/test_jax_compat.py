@@ -15,6 +15,8 @@ from jax.interpreters import mlir
 import jaxfog as jf
 from jaxfog.ops import _jax_compat
 
+pytestmark = pytest.mark.jax_internals
+
 
 def test_no_touchpoint_failed_at_import():
     import jaxfog.ops  # noqa: F401  (registers everything)
@@ -107,24 +109,26 @@ def test_trace_context_int_retraces():
     assert len(traces) == 2
 
 
+#: JAX versions where an unguarded AOT call with an ordered effect was seen to
+#: lose its token on the second call (jax 0.10.2 and 0.11.2 do not show it).
+AOT_TOKEN_BUG = {(0, 12)}
+
+
 def test_aot_guard_keeps_every_call_on_the_token_path():
     jf.init()
-    if not _jax_compat.aot_fast_path_forgets_ordered_effects():
-        pytest.skip("this JAX keeps ordered effects on AOT calls; the guard is off")
+    from jaxfog.ops._primitive import CommEffect
 
     def compiled():
         return jax.jit(jf.allreduce).lower(jnp.ones(3)).compile()
 
-    # Without the guard JAX's own bug shows on the second call.
     _jax_compat.remove_aot_guard()
     try:
         unguarded = compiled()
-        unguarded(jnp.ones(3))
-        with pytest.raises(Exception, match="arguments but compiled program expected"):
-            unguarded(jnp.ones(3))
+        np.testing.assert_array_equal(unguarded(jnp.ones(3)), np.ones(3))
+        if _jax_compat.jax_version() in AOT_TOKEN_BUG:  # what the guard is for
+            with pytest.raises(Exception, match="arguments but compiled program expected"):
+                unguarded(jnp.ones(3))
     finally:
-        from jaxfog.ops._primitive import CommEffect
-
         assert _jax_compat.keep_aot_calls_on_token_path(lambda e: isinstance(e, CommEffect))
     guarded = compiled()
     for _ in range(3):
@@ -139,11 +143,12 @@ def test_keep_when_unused():
     _jax_compat.keep_when_unused(prim)
     lowered = jax.jit(lambda x: (prim.bind(), x)[1]).trace(1.0)
     assert [e.primitive for e in lowered.jaxpr.jaxpr.eqns] == [prim]
-    # What JAX does to an unused, effect-free equation: dropped.
+    # JAX's own DCE calls the rule (with the arguments of this JAX version).
     from jax._src.interpreters import partial_eval as pe
 
     jaxpr = lowered.jaxpr.jaxpr
-    assert pe.dce_jaxpr(jaxpr, [True])[0].eqns
+    assert [e.primitive for e in pe.dce_jaxpr(jaxpr, [True])[0].eqns] == [prim]
+    assert pe.dce_jaxpr(jaxpr, [False])[0].eqns
 
 
 def test_private_jax_is_reached_from_this_module_only():

@@ -13,6 +13,8 @@ import pytest
 import jaxfog as jf
 from jaxfog.ops._primitive import CommEffect
 
+pytestmark = pytest.mark.jax_internals
+
 
 @pytest.fixture(autouse=True)
 def initialized():

@@ -4,7 +4,10 @@ dispatched steps still communicate."""
 
 from __future__ import annotations
 
+import pytest
 from mpi_harness import mpi_test
+
+pytestmark = pytest.mark.jax_internals
 
 
 @mpi_test(nprocs=(2, 3), timeout=240)

@@ -18,6 +18,8 @@ import jaxfog.topology as T
 import optax_cases as oc
 from mpi_harness import mpi_test
 
+pytestmark = pytest.mark.jax_internals
+
 N = 4
 
 

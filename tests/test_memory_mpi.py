@@ -12,6 +12,8 @@ import pytest
 
 from jaxfog.testing import run_mpi
 
+pytestmark = pytest.mark.jax_internals
+
 
 def faults_per_step_body():
     import os

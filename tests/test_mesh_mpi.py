@@ -17,6 +17,8 @@ import pytest
 
 from mpi_harness import mpi_test
 
+pytestmark = pytest.mark.jax_internals
+
 
 def _compare(got, want, name: str) -> None:
     """Each of this process's rows of the global result against the simulation's."""

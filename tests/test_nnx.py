@@ -20,6 +20,8 @@ import jaxfog.optax as jfo
 from mpi_harness import mpi_test
 from test_examples_sim import EXAMPLES, _example
 
+pytestmark = pytest.mark.jax_internals
+
 
 class _Linear(nnx.Module):
     def __init__(self):

@@ -6,6 +6,8 @@ import pytest
 
 from mpi_harness import mpi_test
 
+pytestmark = pytest.mark.jax_internals
+
 
 def _setup():
     import jax

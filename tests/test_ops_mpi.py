@@ -6,7 +6,10 @@ r's value and the reference is plain numpy (``W @ X``, sums, slices).
 
 from __future__ import annotations
 
+import pytest
 from mpi_harness import mpi_test
+
+pytestmark = pytest.mark.jax_internals
 
 
 def _setup(seed: int = 0, shape=(7,)):

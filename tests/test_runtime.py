@@ -123,6 +123,10 @@ def test_info_reports_versions_mpi_and_library():
     assert "MPI thread level: MPI_THREAD_MULTIPLE" in text
     assert f"FFI library: {ffi.LIBRARY_PATH}" in text and ffi.LIBRARY_PATH.exists()
     build = ffi.build_info()
+    # Built here, against this jaxlib's headers: the same XLA FFI API.
+    major, minor = ffi.jaxlib_ffi_api_version()
+    assert (f"XLA FFI API: {major}.{minor} (built against jaxlib {build['jaxlib']}; "
+            f"this jaxlib's: {major}.{minor})") in text
     assert f"CUDA support built: {'yes' if build['cuda_built'] else 'no'}" in text
     assert f"NCCL support built: {'yes' if build['nccl_built'] else 'no'}" in text
     links = ffi.link_info()

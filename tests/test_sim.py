@@ -11,6 +11,8 @@ import jaxfog as jf
 import jaxfog.topology as T
 from cases import cases
 
+pytestmark = pytest.mark.jax_internals
+
 
 @pytest.fixture(autouse=True)
 def x64():

@@ -9,6 +9,8 @@ import pytest
 from jaxfog.testing import run_mpi
 from mpi_harness import mpi_test
 
+pytestmark = pytest.mark.jax_internals
+
 
 def _graphs(n):
     import numpy as np

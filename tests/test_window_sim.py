@@ -13,6 +13,8 @@ import jaxfog.topology as T
 from jaxfog.ops import window as W
 from window_cases import agent_sequence, model_outputs, random_sequence
 
+pytestmark = pytest.mark.jax_internals
+
 
 @pytest.fixture(autouse=True)
 def _x64():

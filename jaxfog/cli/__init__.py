@@ -117,6 +117,9 @@ def info_lines() -> list[str]:
             f"mpi4py {MPI.get_vendor()[0]} {'.'.join(map(str, MPI.get_vendor()[1]))} "
             f"(mpi4py {__import__('mpi4py').__version__})",
             f"FFI library: {ffi.LIBRARY_PATH}",
+            f"XLA FFI API: {'.'.join(map(str, ffi.ffi_api_version()))} (built against jaxlib "
+            f"{build.get('jaxlib') or '?'}; this jaxlib's: "
+            f"{'.'.join(map(str, ffi.jaxlib_ffi_api_version() or '?'))})",
             "built with: " + ("bazel" if build.get("builder") == "bazel" else
                               f"{build.get('mpicxx')} ("
                               f"{'system MPI' if build.get('system_mpi') else 'mpich wheel'})"),

@@ -154,6 +154,8 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_win_free.restype = ctypes.c_int
     lib.jaxfog_build_info.restype = ctypes.c_char_p
     lib.jaxfog_link_info.restype = ctypes.c_char_p
+    lib.jaxfog_xla_ffi_api_version.argtypes = [ctypes.POINTER(ctypes.c_int)] * 2
+    lib.jaxfog_xla_ffi_api_version.restype = None
     lib.jaxfog_op_table.restype = ctypes.c_char_p
     lib.jaxfog_traffic.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int, ctypes.c_int]
     lib.jaxfog_traffic.restype = ctypes.c_int
@@ -169,7 +171,68 @@ def library() -> ctypes.CDLL:
                      lib.jaxfog_register_nccl_comm, lib.jaxfog_cuda_device_uuid):
         function.restype = ctypes.c_int
     _check_same_mpi(lib)
+    check_ffi_api_version(_ffi_api_version(lib), jaxlib_ffi_api_version(),
+                          json.loads(lib.jaxfog_build_info().decode()).get("jaxlib"))
     return lib
+
+
+def _ffi_api_version(lib: ctypes.CDLL) -> tuple[int, int]:
+    major, minor = ctypes.c_int(-1), ctypes.c_int(-1)
+    lib.jaxfog_xla_ffi_api_version(ctypes.byref(major), ctypes.byref(minor))
+    return major.value, minor.value
+
+
+def ffi_api_version() -> tuple[int, int]:
+    """The XLA FFI API version (major, minor) the library was compiled against."""
+    return _ffi_api_version(library())
+
+
+def jaxlib_ffi_api_version() -> tuple[int, int] | None:
+    """The XLA FFI API version of the running jaxlib: that of the FFI headers it
+    ships (``XLA_FFI_API_MAJOR``/``MINOR`` in ``xla/ffi/api/c_api.h``), None
+    if they cannot be read."""
+    import re
+
+    import jax
+
+    try:
+        text = (Path(jax.ffi.include_dir()) / "xla" / "ffi" / "api" / "c_api.h").read_text()
+    except OSError:
+        return None
+    found = dict(re.findall(r"#define XLA_FFI_API_(MAJOR|MINOR) (\d+)", text))
+    if set(found) != {"MAJOR", "MINOR"}:
+        return None
+    return int(found["MAJOR"]), int(found["MINOR"])
+
+
+def check_ffi_api_version(built: tuple[int, int], running: tuple[int, int] | None,
+                          built_jaxlib: str | None) -> None:
+    """Raises FfiLibraryError if XLA would refuse the library's handlers.
+
+    XLA registers a handler whose FFI API has the framework's major version and
+    a minor version no newer than the framework's (and not older than a minimum
+    XLA does not publish; :func:`register_handlers` reports that case). Another
+    major version changes the ABI; a newer minor one may use what this XLA lacks.
+    """
+    if running is None or (built[0] == running[0] and built[1] <= running[1]):
+        return
+    raise FfiLibraryError(_api_mismatch(built, running, built_jaxlib))
+
+
+def _api_mismatch(built: tuple[int, int], running: tuple[int, int] | None,
+                  built_jaxlib: str | None) -> str:
+    import jaxlib
+
+    def version(v: tuple[int, int] | None) -> str:
+        return "?" if v is None else f"{v[0]}.{v[1]}"
+
+    return (f"jaxfog's FFI library was built against jaxlib {built_jaxlib or '?'} "
+            f"(XLA FFI API {version(built)}), but this is jaxlib {jaxlib.__version__} "
+            f"(XLA FFI API {version(running)}), which does not accept its handlers: "
+            f"rebuild jaxfog against this jaxlib, in this environment: 'pip install "
+            f"--no-build-isolation --force-reinstall --no-deps .' in the source tree (with "
+            f"setuptools, wheel and mpich installed; pip's isolated build would take the "
+            f"newest jaxlib instead)")
 
 
 #: Where each rank writes its op timeline (a Chrome trace / Perfetto JSON file);
@@ -269,20 +332,28 @@ def register_handlers() -> None:
     import jax
 
     lib = library()
+
+    def register(name: str, function: Any, platform: str) -> None:
+        try:
+            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(function), platform=platform,
+                                        api_version=1)
+        except Exception as error:
+            # E.g. a library older than the oldest FFI API this XLA supports.
+            if "API version" not in str(error):
+                raise
+            message = _api_mismatch(ffi_api_version(), jaxlib_ffi_api_version(),
+                                    build_info().get("jaxlib"))
+            raise FfiLibraryError(f"{message}\n(XLA: {error})") from error
+
     staged = os.environ.get(HOST_STAGING_ENV, "") not in ("", "0")
     cuda = cuda_built()
     for op in op_table().values():
-        cpu = getattr(lib, op.target + ("_host_staged" if staged else ""))
-        jax.ffi.register_ffi_target(op.target, jax.ffi.pycapsule(cpu), platform="cpu",
-                                    api_version=1)
+        register(op.target, getattr(lib, op.target + ("_host_staged" if staged else "")), "cpu")
         if cuda:
-            jax.ffi.register_ffi_target(op.target,
-                                        jax.ffi.pycapsule(getattr(lib, op.target + "_staged")),
-                                        platform="CUDA", api_version=1)
+            register(op.target, getattr(lib, op.target + "_staged"), "CUDA")
     if nccl_built():
         for name in NCCL_TARGETS:
-            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)),
-                                        platform="CUDA", api_version=1)
+            register(name, getattr(lib, name), "CUDA")
 
 
 def nccl_library_path() -> str:

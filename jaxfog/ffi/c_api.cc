@@ -31,6 +31,7 @@
 #include "status.h"
 #include "timeline.h"
 #include "traffic.h"
+#include "xla/ffi/api/c_api.h"
 
 namespace {
 
@@ -217,6 +218,15 @@ __attribute__((visibility("default"))) const char* jaxfog_link_info() {
     return new std::string(text + "}");  // never freed: the pointer is handed out
   }();
   return json->c_str();
+}
+
+// The XLA FFI API version of the headers this library was compiled against
+// (jaxlib's): XLA refuses the handlers of a version it does not support, so
+// Python compares it with the running jaxlib's before registering them.
+__attribute__((visibility("default"))) void jaxfog_xla_ffi_api_version(int* major,
+                                                                       int* minor) {
+  *major = XLA_FFI_API_MAJOR;
+  *minor = XLA_FFI_API_MINOR;
 }
 
 // The op table of ops.h as JSON, for the Python side:

@@ -5,9 +5,11 @@ through one function here, and ``tests/test_jax_compat.py`` has one test per
 touchpoint, so that a JAX upgrade that moves one fails in a named test instead
 of at import or, worse, silently. Nothing here is monkeypatched on the
 ``jaxfog.jit`` path; the one patch left (:func:`keep_aot_calls_on_token_path`)
-only concerns plain ``jax.jit`` on the JAX versions that need it.
+only concerns AOT-compiled plain ``jax.jit``.
 
-Tested with jax 0.10 (and must import with 0.11).
+Supported: the last three minor jax releases, :data:`TESTED_JAX` (0.10, 0.11,
+0.12; the rule for the next one is in docs/building.rst). Where JAX changed a
+touchpoint between them, the function here takes every form.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import jax
 from jax.extend import core as jex_core
 
 #: The jax releases this module was written and tested against.
-TESTED_JAX = ((0, 10), (0, 11))
+TESTED_JAX = ((0, 10), (0, 11), (0, 12))
 
 #: Touchpoints that failed when jaxfog was imported: name -> the error. A JAX
 #: that moved one still imports jaxfog; the ops that need it raise
@@ -123,23 +125,18 @@ def set_trace_context_int(state: Any, name: str, value: int) -> None:
 # --- plain jax.jit, AOT, ordered effects ------------------------------------
 
 
-def aot_fast_path_forgets_ordered_effects() -> bool:
-    """Whether ``jit(f).lower(...).compile()`` of a function with an ordered
-    effect installs JAX's C++ fast path after its first call, which then calls
-    the executable without the runtime token (seen with jax 0.10)."""
-    return jax_version() <= (0, 11)
-
-
 @_touchpoint
 def keep_aot_calls_on_token_path(is_ours: Callable[[Any], bool]) -> bool:
     """Refuses the C++ fast path to AOT-compiled executables with an ordered
     effect that ``is_ours`` claims, so every call threads the runtime token.
 
-    Only plain ``jax.jit`` needs this: ``jaxfog.jit`` computations have no
-    effect at the top. Returns whether the guard is installed.
+    ``jit(f).lower(...).compile()`` of a function with an ordered effect
+    installs JAX's C++ fast path after its first call, which then calls the
+    executable without the token (seen with jax 0.12.0; not with 0.10.2 or
+    0.11.2). The guard costs only the fast path of such AOT calls, so it is
+    installed on every version. Only plain ``jax.jit`` needs it: ``jaxfog.jit``
+    computations have no effect at the top. Returns whether it is installed.
     """
-    if not aot_fast_path_forgets_ordered_effects():
-        return False
     from jax._src.interpreters import pxla
 
     original = getattr(pxla.MeshExecutable, "create_cpp_call", None)
@@ -179,4 +176,10 @@ def keep_when_unused(prim: Any) -> None:
     when no result is used and it reports no effect."""
     from jax._src.interpreters import partial_eval as pe
 
-    pe.dce_rules[prim] = lambda used_outs, eqn: ([True] * len(eqn.invars), eqn)
+    def keep(*args):
+        # jax <= 0.11 calls rule(used_outs, eqn); 0.12 rule(used_outs, live_ins,
+        # eqn). The equation is last in both.
+        eqn = args[-1]
+        return [True] * len(eqn.invars), eqn
+
+    pe.dce_rules[prim] = keep
