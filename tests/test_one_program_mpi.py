@@ -13,10 +13,7 @@ replays the simulation's order of events with barriers, one step at a time.
 
 from __future__ import annotations
 
-import pytest
 from mpi_harness import mpi_test
-
-pytestmark = pytest.mark.jax_internals
 
 
 @mpi_test(nprocs=(4,), env={"JAXFOG_NODES_PER_MACHINE": "2"}, timeout=300)

@@ -6,7 +6,6 @@ import pytest
 
 from mpi_harness import mpi_test
 
-pytestmark = pytest.mark.jax_internals
 
 
 def _setup():

@@ -3,10 +3,7 @@ optimum, and every transformation's iterates match the simulation backend's."""
 
 from __future__ import annotations
 
-import pytest
 from mpi_harness import mpi_test
-
-pytestmark = pytest.mark.jax_internals
 
 
 @mpi_test(nprocs=(4, 5), timeout=300)

@@ -10,10 +10,7 @@ the same exchanges in the same order. Every value is checked against numpy.
 
 from __future__ import annotations
 
-import pytest
 from mpi_harness import mpi_test
-
-pytestmark = pytest.mark.jax_internals
 
 
 def _many_independent_ops(jit_name: str):

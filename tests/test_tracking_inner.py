@@ -16,6 +16,8 @@ import jaxfog.optax as jfo
 import jaxfog.topology as T
 import optax_cases as oc
 
+pytestmark = pytest.mark.jax_internals
+
 N = 4
 
 
