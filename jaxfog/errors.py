@@ -1,23 +1,53 @@
-"""jaxfog's exceptions: one base for every runtime communication failure.
+"""Every exception class jaxfog defines, in one family under :class:`JaxfogError`.
 
 ``TypeError`` and ``ValueError`` report bad arguments (at call or construction
-time, on the calling rank). What goes wrong while ranks communicate derives
-from :class:`JaxfogError`; a timeout is also a ``TimeoutError``. Errors raised
-by a handler inside compiled code reach Python as JAX's
-``jax.errors.JaxRuntimeError`` (XLA raises it, not jaxfog), with a message
-that starts with ``jaxfog <op> (op #k on rank r)``.
+time, on the calling rank). Everything else jaxfog raises derives from
+:class:`JaxfogError` (itself a ``RuntimeError``), and also from the builtin it
+stands for where there is one, so ``except RuntimeError``, ``except
+ImportError`` and ``except ValueError`` keep working. Errors raised by a handler
+inside compiled code reach Python as JAX's ``jax.errors.JaxRuntimeError`` (XLA
+raises it, not jaxfog), with a message that starts with
+``jaxfog <op> (op #k on rank r)``. The one warning category, for a legal but
+suspicious topology, lives here too.
 """
 
 from __future__ import annotations
 
 
 class JaxfogError(RuntimeError):
-    """A runtime failure of jaxfog's communication: a window operation that
-    failed, an unusable transport, a neighbour that stopped."""
+    """A runtime failure of jaxfog: a communication that failed, an unusable
+    transport, a neighbour that stopped, an operation out of its context."""
 
 
 class JaxfogTimeoutError(JaxfogError, TimeoutError):
     """Nothing happened within ``JAXFOG_TIMEOUT`` seconds (a neighbour stopped)."""
 
 
-__all__ = ["JaxfogError", "JaxfogTimeoutError"]
+class NotInitializedError(JaxfogError):
+    """A jaxfog operation was used before ``jaxfog.init()``."""
+
+
+class BackendError(JaxfogError):
+    """An operation the current backend cannot do: MPI-only queries inside
+    ``jaxfog.simulate``, simulated windows outside it."""
+
+
+class FfiLibraryError(JaxfogError, ImportError):
+    """The FFI library is missing, or does not match the MPI that mpi4py uses or
+    the jaxlib that XLA runs."""
+
+
+class JaxCompatError(JaxfogError):
+    """A private JAX API jaxfog relies on is missing from this JAX version."""
+
+
+class TimelineError(JaxfogError, ValueError):
+    """An input is not a timeline, or two inputs are the same rank."""
+
+
+class TopologyWarning(UserWarning):
+    """Warning for a suspicious but legal topology (e.g. not strongly connected)."""
+
+
+__all__ = ["BackendError", "FfiLibraryError", "JaxCompatError", "JaxfogError",
+           "JaxfogTimeoutError", "NotInitializedError", "TimelineError", "TopologyWarning"]

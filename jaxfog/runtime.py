@@ -34,6 +34,7 @@ from jaxfog import _context, ffi
 from jaxfog.ffi import nccl_setup
 from jaxfog import _validate as V
 from jaxfog import topology as T
+from jaxfog.errors import BackendError, NotInitializedError
 
 if TYPE_CHECKING:  # annotations only: importing jaxfog does not import JAX
     import jax
@@ -73,10 +74,6 @@ SCRATCH_KEEP_BYTES = 256 << 20
 WORLD_COMM_ID = 0
 LOCAL_COMM_ID = 1
 LEADERS_COMM_ID = 2
-
-
-class NotInitializedError(RuntimeError):
-    """A jaxfog operation was used before ``jaxfog.init()``."""
 
 
 @dataclasses.dataclass
@@ -535,7 +532,7 @@ def load_topology() -> T.Topology | T.Schedule:
 
 def _not_in_simulation(what: str, instead: str) -> None:
     if _context.current() is not None:
-        raise RuntimeError(f"jaxfog.{what}() cannot be used inside jaxfog.simulate: the "
+        raise BackendError(f"jaxfog.{what}() cannot be used inside jaxfog.simulate: the "
                            f"agent index is traced there; {instead}")
 
 

@@ -16,9 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-
-class TimelineError(ValueError):
-    """An input is not a timeline, or two inputs are the same rank."""
+from jaxfog.errors import TimelineError
 
 
 def _paths(what: str, name: str, values: Any) -> list[str]:

@@ -36,6 +36,8 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
+from jaxfog.errors import TopologyWarning
+
 __all__ = [
     "Topology",
     "Schedule",
@@ -56,10 +58,6 @@ __all__ = [
     "machine_one_peer_exponential",
     "send_recv_ranks",
 ]
-
-
-class TopologyWarning(UserWarning):
-    """Warning for a suspicious but legal topology (e.g. not strongly connected)."""
 
 
 # --------------------------------------------------------------------------------------

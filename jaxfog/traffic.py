@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 from jaxfog import _context, ffi
 from jaxfog import _validate as V
+from jaxfog.errors import BackendError
 
 
 class CommStats(NamedTuple):
@@ -56,7 +57,7 @@ def comm_stats(reset: bool = False) -> dict[str, CommStats]:
     """
     V.flag("jaxfog.comm_stats", "reset", reset)
     if _context.current() is not None:
-        raise RuntimeError("jaxfog.comm_stats counts what the MPI transport sends; simulated "
+        raise BackendError("jaxfog.comm_stats counts what the MPI transport sends; simulated "
                            "agents send nothing (a compressor's bytes(x) is what its payload "
                            "would weigh)")
     names = {spec.code: name for name, spec in ffi.op_table().items()}

@@ -217,3 +217,35 @@ def test_import_jaxfog_and_its_op_list_stay_light():
             "jaxfog.neighbor_allreduce\n"
             "assert 'jax' in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_every_exception_class_is_in_errors_and_nothing_raises_a_bare_runtime_error():
+    """One error family (jaxfog/errors.py, every class under JaxfogError): no
+    module defines an exception class of its own or raises a bare
+    RuntimeError/Exception, which ``except jaxfog.JaxfogError`` would miss."""
+    import builtins
+
+    builtin_errors = {name for name, value in vars(builtins).items()
+                      if isinstance(value, type) and issubclass(value, BaseException)}
+    import jaxfog.errors as errors
+
+    ours = {name for name, value in vars(errors).items()
+            if isinstance(value, type) and issubclass(value, BaseException)
+            and value.__module__ == errors.__name__}
+    offenders = []
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.ClassDef) and module != "jaxfog.errors":
+                bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                         for b in node.bases}
+                if bases & (builtin_errors | ours):
+                    offenders.append(f"{where}: class {node.name} (define it in errors.py)")
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                called = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if isinstance(called, ast.Name) and called.id in ("RuntimeError", "Exception"):
+                    offenders.append(f"{where}: raise {called.id} (raise a JaxfogError)")
+    assert not offenders, "\n".join(offenders)
+    from jaxfog.errors import JaxfogError
+
+    assert all(issubclass(getattr(errors, name), (JaxfogError, Warning)) for name in ours), ours

@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from jaxfog.errors import JaxfogError
+from jaxfog.errors import FfiLibraryError
 
 #: Names another build of the FFI library to load instead of the installed one,
 #: e.g. one compiled against a second MPI (``tests/test_openmpi.py`` runs the MPI
@@ -31,10 +31,6 @@ from jaxfog.errors import JaxfogError
 LIBRARY_ENV = "JAXFOG_FFI_LIBRARY"
 LIBRARY_PATH = (Path(os.environ[LIBRARY_ENV]).resolve() if os.environ.get(LIBRARY_ENV)
                 else Path(__file__).resolve().parent / "libjaxfog_ffi.so")
-
-
-class FfiLibraryError(JaxfogError, ImportError):
-    """The FFI library is missing or does not match the MPI that mpi4py uses."""
 
 
 class OpSpec(NamedTuple):

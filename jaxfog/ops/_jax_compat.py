@@ -20,6 +20,8 @@ from typing import Any, Callable
 import jax
 from jax.extend import core as jex_core
 
+from jaxfog.errors import JaxCompatError
+
 #: The jax releases this module was written and tested against.
 TESTED_JAX = ((0, 10), (0, 11), (0, 12))
 
@@ -27,10 +29,6 @@ TESTED_JAX = ((0, 10), (0, 11), (0, 12))
 #: that moved one still imports jaxfog; the ops that need it raise
 #: :class:`JaxCompatError` naming it, and ``tests/test_jax_compat.py`` fails.
 BROKEN: dict[str, BaseException] = {}
-
-
-class JaxCompatError(RuntimeError):
-    """A private JAX API jaxfog relies on is missing from this JAX version."""
 
 
 def _touchpoint(fn: Callable) -> Callable:

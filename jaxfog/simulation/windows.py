@@ -43,6 +43,7 @@ from jax import lax
 
 from jaxfog import _context
 from jaxfog import topology as T
+from jaxfog.errors import BackendError
 from jaxfog.ops import _args, _primitive
 from jaxfog.ops.backends import _numerics, _window_spec
 from jaxfog.simulation import clock as _clock
@@ -142,7 +143,7 @@ def local_refs(states: dict[str, dict]) -> Iterator[Callable[[], dict[str, dict]
 
 def _session(what: str) -> _Session:
     if not _sessions.stack:
-        raise RuntimeError(f"{what}: windows in the simulation need jaxfog.simulate")
+        raise BackendError(f"{what}: windows in the simulation need jaxfog.simulate")
     return _sessions.stack[-1]
 
 
