@@ -90,8 +90,8 @@ References:
 """
 
 from jaxfog.optax._common import check_chain
-from jaxfog.optax.compressed import (BeerState, ChocoState, ErrorFeedbackState, PublicCopies,
-                                     beer, choco)
+from jaxfog.optax._gossip import ErrorFeedbackState, PublicCopies
+from jaxfog.optax.compressed import BeerState, ChocoState, beer, choco
 from jaxfog.optax.diffusion import DiffusionState, atc, awc, gradient_allreduce
 from jaxfog.optax.exact import (ExactDiffusionState, TrackingState, exact_diffusion,
                                 gradient_tracking)

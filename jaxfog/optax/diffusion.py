@@ -13,9 +13,9 @@ import optax
 from jaxfog import _validate as V
 from jaxfog import compress as C
 from jaxfog.ops import allreduce
-from jaxfog.optax import compressed as CG
+from jaxfog.optax import _gossip as G
 from jaxfog.optax._common import COMMUNICATIONS, communicate, mixes_parameters, need_params, sub
-from jaxfog.optax.compressed import ErrorFeedbackState
+from jaxfog.optax._gossip import ErrorFeedbackState
 
 
 def _check_diffusion(what: str, inner: Any, topology: Any, communication: Any,
@@ -250,9 +250,9 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
         if communication != "neighbor" or global_every is not None:
             raise ValueError("jaxfog.optax.awc: a compressor compresses neighbour "
                              "communication; communication= and global_every= do not apply")
-        CG.check_options("awc", groups, seed)
-        return _compressed_awc(inner, topology, CG.check_compressor("awc", compressor),
-                               CG.check_gamma("awc", gamma), groups, seed)
+        G.check_options("awc", groups, seed)
+        return _compressed_awc(inner, topology, G.check_compressor("awc", compressor),
+                               G.check_gamma("awc", gamma), groups, seed)
 
     def init(params):
         return DiffusionState(inner.init(params), jnp.zeros([], jnp.int32))
@@ -273,14 +273,14 @@ def _compressed_awc(inner: optax.GradientTransformation, topology: Any,
                     seed: int) -> optax.GradientTransformationExtraArgs:
 
     def init(params):
-        plan = CG.layout(topology, compressor, params, groups)
-        return CG.feedback_init(plan.groups, params, inner.init(params), seed)
+        plan = G.layout(topology, compressor, params, groups)
+        return G.feedback_init(plan.groups, params, inner.init(params), seed)
 
     def update(grads, state, params=None, **extra):
         need_params("awc", params)
-        plan = CG.layout(topology, compressor, params, groups)
-        payloads, residual = CG.feedback(compressor, plan.groups, params, state)
-        mix = C.split(CG.neighbor_mix(compressor, plan.links, payloads, state.count),
+        plan = G.layout(topology, compressor, params, groups)
+        payloads, residual = G.feedback(compressor, plan.groups, params, state)
+        mix = C.split(G.neighbor_mix(compressor, plan.links, payloads, state.count),
                       params, plan.groups)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         return (jax.tree.map(lambda m, d: gamma * m + d, mix, u),
@@ -353,17 +353,17 @@ def gradient_allreduce(inner: optax.GradientTransformation, *,
 
         return optax.GradientTransformationExtraArgs(inner.init, update)
 
-    CG.check_compressor("gradient_allreduce", compressor)
-    CG.check_options("gradient_allreduce", groups, seed)
+    G.check_compressor("gradient_allreduce", compressor)
+    G.check_options("gradient_allreduce", groups, seed)
 
     def init(params):
-        plan = CG.layout(None, compressor, params, groups, neighbors=False)
-        return CG.feedback_init(plan.groups, params, inner.init(params), seed)
+        plan = G.layout(None, compressor, params, groups, neighbors=False)
+        return G.feedback_init(plan.groups, params, inner.init(params), seed)
 
     def update_compressed(grads, state, params=None, **extra):
-        plan = CG.layout(None, compressor, grads, groups, neighbors=False)
-        payloads, residual = CG.feedback(compressor, plan.groups, grads, state)
-        mean = C.split(CG.mean_of_all(compressor, payloads), grads, plan.groups)
+        plan = G.layout(None, compressor, grads, groups, neighbors=False)
+        payloads, residual = G.feedback(compressor, plan.groups, grads, state)
+        mean = C.split(G.mean_of_all(compressor, payloads), grads, plan.groups)
         u, inner_state = inner.update(mean, state.inner, params, **extra)
         return u, ErrorFeedbackState(inner_state, residual, state.key, state.count + 1)
 

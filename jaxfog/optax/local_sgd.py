@@ -28,7 +28,7 @@ from jaxfog import compress as C
 from jaxfog import runtime
 from jaxfog import topology as T
 from jaxfog.ops import allreduce, neighbor_allreduce
-from jaxfog.optax import compressed as CG
+from jaxfog.optax import _gossip as G
 from jaxfog.optax._common import add as _add
 from jaxfog.optax._common import mixes_parameters, need_params
 from jaxfog.optax._common import sub as _sub
@@ -353,7 +353,7 @@ def diloco(inner: optax.GradientTransformation,
         outer = optax.sgd(0.7, momentum=0.9, nesterov=True)
     V.transformation("jaxfog.optax.diloco", "outer", outer)
     if compressor is not None:
-        CG.check_compressor("diloco", compressor)
+        G.check_compressor("diloco", compressor)
         if communication != "allreduce":
             raise ValueError("jaxfog.optax.diloco: a compressor compresses the allreduce's "
                              "pseudo-gradients; with communication="
@@ -363,20 +363,20 @@ def diloco(inner: optax.GradientTransformation,
     def init(params):
         residual = ()
         if compressor is not None:
-            plan = CG.layout(None, compressor, params, groups, neighbors=False)
+            plan = G.layout(None, compressor, params, groups, neighbors=False)
             residual = [jnp.zeros_like(p) for p in C.merge(params, plan.groups)]
         return DiLoCoState(inner.init(params), outer.init(params), params, residual,
-                           CG.agent_key(seed), jnp.zeros([], jnp.int32))
+                           G.agent_key(seed), jnp.zeros([], jnp.int32))
 
     def combine(anchor, theta, residual, key, t):
         """(mixed anchor, mixed pseudo-gradient, new residual)."""
         delta = _sub(anchor, theta)
         if compressor is not None:
-            plan = CG.layout(None, compressor, delta, groups, neighbors=False)
+            plan = G.layout(None, compressor, delta, groups, neighbors=False)
             p = [d + e for d, e in zip(C.merge(delta, plan.groups), residual)]
-            payloads = C.compress_groups(compressor, p, CG.step_key(key, t))
+            payloads = C.compress_groups(compressor, p, G.step_key(key, t))
             residual = [a - compressor.decompress(q) for a, q in zip(p, payloads)]
-            mean = C.split(CG.mean_of_all(compressor, payloads), delta, plan.groups)
+            mean = C.split(G.mean_of_all(compressor, payloads), delta, plan.groups)
             return anchor, mean, residual
         if communication == "allreduce":
             return anchor, mix(delta, t), residual
