@@ -22,6 +22,7 @@ library has chosen the ``libmpi``), never when ``jaxfog`` is imported.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import dataclasses
 import hashlib
 import os
@@ -224,25 +225,14 @@ def _machine_layout(comm) -> tuple[int, int, int, int, bool]:
             len(set(local_sizes)) == 1)
 
 
-def _peer_watch_api(lib):
-    """Types the C entry points of the peer watch (peer_watch.h) on ``lib``."""
-    err = [ffi.ctypes.c_char_p, ffi.ctypes.c_int]
-    lib.jaxfog_watch_peers.argtypes = [ffi.ctypes.c_int, ffi.ctypes.c_double, *err]
-    lib.jaxfog_say_goodbye.argtypes = [ffi.ctypes.c_int, *err]
-    lib.jaxfog_unwatch_peers.argtypes = err
-    for function in (lib.jaxfog_watch_peers, lib.jaxfog_say_goodbye, lib.jaxfog_unwatch_peers):
-        function.restype = ffi.ctypes.c_int
-    return lib
-
-
 def _watch_peers(lib, comm, warn_after: float) -> None:
-    error = ffi.ctypes.create_string_buffer(1024)
-    if _peer_watch_api(lib).jaxfog_watch_peers(comm.py2f(), warn_after, error, 1024):
+    error = ctypes.create_string_buffer(1024)
+    if lib.jaxfog_watch_peers(comm.py2f(), warn_after, error, 1024):
         raise ffi.FfiLibraryError(f"jaxfog.init: {error.value.decode()}")
 
 
 def _register(lib, comm_id: int, comm, timeout: float, max_message: int) -> None:
-    error = ffi.ctypes.create_string_buffer(1024)
+    error = ctypes.create_string_buffer(1024)
     if lib.jaxfog_register_mpi_comm(comm_id, comm.py2f(), timeout, max_message, error, 1024):
         raise ffi.FfiLibraryError(f"jaxfog.init: {error.value.decode()}")
 
@@ -357,8 +347,8 @@ def _shutdown(at_exit: bool) -> None:
         warnings.warn(f"jaxfog.shutdown: pending communication failed: {error}",
                       RuntimeWarning)
     lib = ffi.library()
-    reason = ffi.ctypes.create_string_buffer(1024)
-    if _peer_watch_api(lib).jaxfog_say_goodbye(int(at_exit), reason, 1024):
+    reason = ctypes.create_string_buffer(1024)
+    if lib.jaxfog_say_goodbye(int(at_exit), reason, 1024):
         warnings.warn(f"jaxfog.shutdown: {reason.value.decode()}", RuntimeWarning)
     try:
         for hook in _before_release:
@@ -375,8 +365,8 @@ def _release(lib, comms: dict, python_comm, peers_comm) -> None:
 
     for comm_id in comms:
         lib.jaxfog_release_comm(comm_id)
-    error = ffi.ctypes.create_string_buffer(1024)
-    if _peer_watch_api(lib).jaxfog_unwatch_peers(error, 1024):
+    error = ctypes.create_string_buffer(1024)
+    if lib.jaxfog_unwatch_peers(error, 1024):
         warnings.warn(f"jaxfog.shutdown: {error.value.decode()}", RuntimeWarning)
     if not MPI.Is_finalized():
         for comm in (*comms.values(), python_comm, peers_comm):

@@ -15,6 +15,7 @@ Setting up NCCL is collective, so it happens in ``jaxfog.init()``.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import warnings
@@ -114,7 +115,7 @@ def start_nccl(lib, comm, timeout: float, max_message: int):
     if comm.allreduce(error is None, op=MPI.LAND):
         unique = comm.bcast(unique, root=0)
         checks = comm.Dup()
-        message = ffi.ctypes.create_string_buffer(1024)
+        message = ctypes.create_string_buffer(1024)
         if lib.jaxfog_register_nccl_comm(NCCL_COMM_ID, checks.py2f(), timeout, max_message,
                                          unique, device_ordinal(), message, len(message)):
             error = message.value.decode(errors="replace")
