@@ -213,11 +213,14 @@ def test_a_static_libstdcxx_build_exports_no_std_symbol(build, tmp_path, monkeyp
     assert any(kind == "u" for kind, _ in leaked) and any("std::" in n for _, n in leaked)
 
 
-def test_library_is_loaded_locally_and_its_mpi_globally():
+@pytest.mark.parametrize("first", ["jaxfog", "mpi4py"])
+def test_library_is_loaded_locally_and_its_mpi_globally(first):
     """Only libmpi (for mpi4py and the MPI's plugins) enters the global symbol
-    scope; the library itself stays local."""
+    scope; the library itself stays local. Also when mpi4py loaded the MPI
+    first (as after an isolated pip build, whose libmpi path is gone)."""
     probe = ("import ctypes, json\n"
-             "from jaxfog import ffi\n"
+             + ("from mpi4py import MPI\n" if first == "mpi4py" else "")
+             + "from jaxfog import ffi\n"
              "ffi.library()\n"
              "scope = ctypes.CDLL(None)\n"
              "print(hasattr(scope, 'jaxfog_build_info'), hasattr(scope, 'MPI_Get_library_version'))\n"

@@ -8,8 +8,9 @@ libstdc++ crashed every process on a GPU image). Both this library and
 the ``libmpi`` this library was linked against (found through the build-time
 rpath, e.g. a system Open MPI) is made global on its own, so that mpi4py and
 the MPI's plugins adopt it. If that rpath is gone (a wheel built in pip's
-temporary build environment), mpi4py loads its MPI first and the loader reuses
-it for this library by soname. Either way a version check follows.
+temporary build environment), mpi4py loads its MPI first, the loader reuses it
+for this library by soname, and it is made global then. Either way a version
+check follows.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def _make_global(path: str) -> None:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL | os.RTLD_NOLOAD)
 
 
+def _libmpi_global(lib: ctypes.CDLL) -> None:
+    """Makes the libmpi ``lib`` uses global (the MPI's own plugins need it there)."""
+    lib.jaxfog_link_info.restype = ctypes.c_char_p
+    _make_global(json.loads(lib.jaxfog_link_info().decode())["libmpi"])
+
+
 def link_info() -> dict[str, str]:
     """How the library was linked: for each runtime (``libstdc++``, ``libmpi``,
     ``cudart`` when CUDA was built) ``"static"`` if the library carries its own
@@ -112,12 +119,12 @@ def library() -> ctypes.CDLL:
         except OSError:
             pass  # its libmpi is not where it was built: let mpi4py find one
         else:
-            lib.jaxfog_link_info.restype = ctypes.c_char_p
-            _make_global(json.loads(lib.jaxfog_link_info().decode())["libmpi"])
+            _libmpi_global(lib)  # before mpi4py loads an MPI: it adopts this one
     from mpi4py import MPI  # noqa: F401
 
     if lib is None:
         lib = ctypes.CDLL(str(LIBRARY_PATH), mode=ctypes.RTLD_LOCAL)
+        _libmpi_global(lib)  # mpi4py's, which the loader gave this library too
     lib.jaxfog_register_mpi_comm.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_double,
                                              ctypes.c_int64, ctypes.c_char_p, ctypes.c_int]
     lib.jaxfog_register_mpi_comm.restype = ctypes.c_int
