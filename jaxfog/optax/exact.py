@@ -122,38 +122,30 @@ def gradient_tracking(learning_rate: float | optax.Schedule | optax.GradientTran
     """
     V.topology("jaxfog.optax.gradient_tracking", topology)
     if isinstance(learning_rate, optax.GradientTransformation):
-        return _tracking_inner(learning_rate, topology)
-    learning_rate = V.learning_rate("jaxfog.optax.gradient_tracking", learning_rate)
+        inner = learning_rate
+        init_inner = inner.init
+
+        def local_step(y, state, params, extra):
+            return inner.update(y, state.inner, params, **extra)
+    else:
+        learning_rate = V.learning_rate("jaxfog.optax.gradient_tracking", learning_rate)
+
+        def init_inner(params):
+            return optax.EmptyState()
+
+        def local_step(y, state, params, extra):
+            lr = V.step_size(learning_rate, state.count)
+            return jax.tree.map(lambda t: -lr * t, y), state.inner
 
     def init(params):
         zeros = jax.tree.map(jnp.zeros_like, params)
-        return TrackingState(zeros, zeros, jnp.zeros([], jnp.int32))
+        return TrackingState(zeros, zeros, jnp.zeros([], jnp.int32), init_inner(params))
 
     def update(grads, state, params=None, **extra):
         need_params("gradient_tracking", params)
         y = average(jax.tree.map(lambda y, g, h: y + g - h, state.tracker, grads,
                                   state.prev_grads), topology, state.count, "gradient_tracking")
-        lr = V.step_size(learning_rate, state.count)
-        x = average(jax.tree.map(lambda p, t: p - lr * t, params, y), topology,
-                     state.count, "gradient_tracking")
-        return sub(x, params), TrackingState(y, grads, state.count + 1)
-
-    return optax.GradientTransformationExtraArgs(init, update)
-
-
-def _tracking_inner(inner: optax.GradientTransformation, topology: Any
-                    ) -> optax.GradientTransformationExtraArgs:
-    """:func:`gradient_tracking` with an optax transformation on the tracker."""
-
-    def init(params):
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        return TrackingState(zeros, zeros, jnp.zeros([], jnp.int32), inner.init(params))
-
-    def update(grads, state, params=None, **extra):
-        need_params("gradient_tracking", params)
-        y = average(jax.tree.map(lambda y, g, h: y + g - h, state.tracker, grads,
-                                  state.prev_grads), topology, state.count, "gradient_tracking")
-        u, inner_state = inner.update(y, state.inner, params, **extra)
+        u, inner_state = local_step(y, state, params, extra)
         x = average(optax.apply_updates(params, u), topology, state.count, "gradient_tracking")
         return sub(x, params), TrackingState(y, grads, state.count + 1, inner_state)
 
