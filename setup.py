@@ -74,6 +74,17 @@ def _find_mpicxx() -> str:
     return path
 
 
+def _from_mpich_wheel(mpicxx: str) -> bool:
+    """Whether ``mpicxx`` is the installed ``mpich`` wheel's wrapper (not an MPI
+    found on PATH, such as the GPU image's Open MPI in /usr/bin)."""
+    try:
+        files = importlib.metadata.distribution("mpich").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    target = os.path.realpath(mpicxx)
+    return any(os.path.realpath(f.locate()) == target for f in files if f.name == "mpicxx")
+
+
 def _mpi_flags(mpicxx: str) -> list[str]:
     """Compile and link flags of an MPI wrapper (MPICH -show, Open MPI --showme)."""
     for option in ("-show", "--showme"):
@@ -269,7 +280,8 @@ class BuildFfi(build_ext):
         flags = _mpi_flags(mpicxx)
         mpi = _split_flags(flags)
         by_path = _mpi_library_paths(mpi["library_dirs"], mpi["libraries"])
-        info = {"builder": "setuptools", "mpicxx": mpicxx, "system_mpi": _system_mpicxx() is not None,
+        info = {"builder": "setuptools", "mpicxx": mpicxx,
+                "system_mpi": _system_mpicxx() is not None or not _from_mpich_wheel(mpicxx),
                 "mpi_flags": flags, "mpi_libraries": by_path, **_detect_cuda_nccl()}
         info["jaxlib"] = _jaxlib_version()  # named when loaded under another jaxlib
         info[FINGERPRINT_KEY] = build_fingerprint(info)

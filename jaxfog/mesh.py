@@ -20,8 +20,11 @@ let agents run at their own pace; the mesh runs wherever JAX runs.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import pkgutil
 import socket
+from pathlib import Path
 from typing import Any, Sequence
 
 import jax
@@ -76,29 +79,51 @@ def init_distributed(*, coordinator: str | None = None, cpu_collectives: str = "
                 port = probe.getsockname()[1]
             coordinator = f"{socket.gethostname()}:{port}"
         coordinator = MPI.COMM_WORLD.bcast(coordinator, root=0)
-    jax.distributed.initialize(coordinator, num_processes=size, process_id=rank)
     if launched is not None:
         from mpi4py import MPI
 
+        # Decided before JAX starts: asking JAX for its devices starts the
+        # GPU client, whose start-up is collective across the processes; 4
+        # processes sharing one H200 hung there, never reaching a check made
+        # after it.
         refusal = shared_gpus(MPI.COMM_WORLD.allgather(gpu_identity()))
         if refusal is not None:  # every process alike: none waits alone in a collective
             raise JaxfogError(f"jaxfog.mesh.init_distributed: {refusal}")
+    jax.distributed.initialize(coordinator, num_processes=size, process_id=rank)
     return jax.process_count()
 
 
 def gpu_identity() -> tuple[str, list[str]] | None:
-    """(host, the physical GPUs this process's JAX drives), or None off the GPU.
+    """(host, the physical GPUs this process's JAX will drive), or None off the GPU.
 
-    A GPU is named by its entry in CUDA_VISIBLE_DEVICES (``jaxfog run`` gives
-    each local rank one) or, without it, by its ordinal."""
-    devices = jax.local_devices()
-    if not devices or devices[0].platform != "gpu":
+    Decided without starting JAX's backend (which must wait for
+    ``jax.distributed``): JAX runs on the GPU when ``jax_platforms`` names
+    one first, or, unset, when a CUDA plugin is installed and the NVIDIA
+    driver lists a GPU; it then drives every GPU in CUDA_VISIBLE_DEVICES
+    (``jaxfog run`` gives each local rank one), else every GPU of the host."""
+    platforms = [p.strip() for p in (jax.config.jax_platforms or "").split(",") if p.strip()]
+    if platforms and platforms[0] not in ("cuda", "gpu"):
         return None
-    visible = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-               if g.strip()]
-    ids = [visible[d.local_hardware_id] if d.local_hardware_id < len(visible)
-           else str(d.local_hardware_id) for d in devices]
-    return socket.gethostname(), ids
+    if not platforms and not _cuda_plugin_installed():
+        return None
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        gpus = [g.strip() for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    else:
+        driver = Path("/proc/driver/nvidia/gpus")
+        gpus = [str(i) for i in range(len(list(driver.iterdir())))] if driver.is_dir() else []
+    return (socket.gethostname(), gpus) if gpus else None
+
+
+def _cuda_plugin_installed() -> bool:
+    """Whether JAX finds a CUDA PJRT plugin (a ``jax_plugins`` module or entry point)."""
+    try:
+        import jax_plugins
+    except ImportError:
+        names = []
+    else:
+        names = [m.name for m in pkgutil.iter_modules(jax_plugins.__path__)]
+    names += [e.name for e in importlib.metadata.entry_points(group="jax_plugins")]
+    return any("cuda" in name for name in names)
 
 
 def shared_gpus(identities: Sequence[tuple[str, list[str]] | None]) -> str | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import itertools
 import os
 import signal
 import subprocess
@@ -70,26 +71,57 @@ def run_command(command: Sequence[str], *, timeout: float,
     merged; never past ``timeout``, and nothing it started outlives it.
 
     ``subprocess.run(timeout=...)`` kills only its child: ``jaxfog run`` dies,
-    and mpiexec and the ranks go on (holding the GPU). Here the command runs
-    in a session of its own, and the whole session is killed at the timeout,
-    or when this process is interrupted (Ctrl-C, pytest-timeout).
+    and mpiexec and the ranks go on (holding the GPU). Killing the command's
+    session is not enough either, since MPI launchers start the ranks in
+    sessions of their own (on the GPU machine, 9 processes of a timed-out
+    launch outlived it and hung the next test). So every process started
+    carries a marker in its environment, and whatever carries it is killed
+    at the timeout, when this process is interrupted (Ctrl-C,
+    pytest-timeout), and after a normal end.
     """
     start = time.monotonic()
-    process = subprocess.Popen(list(command), env=None if env is None else dict(env),
+    marker = f"{os.getpid()}.{next(_launches)}"
+    process = subprocess.Popen(list(command),
+                               env={**(os.environ if env is None else env), _MARKER: marker},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     try:
         output, _ = process.communicate(timeout=timeout)
         returncode: int | None = process.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        _kill_launch(process, marker)
         output, _ = process.communicate()
         returncode = None
     except BaseException:
-        os.killpg(process.pid, signal.SIGKILL)
+        _kill_launch(process, marker)
         process.wait()
         raise
+    _kill_launch(process, marker)
     return MpiResult(list(command), returncode, output, time.monotonic() - start)
+
+
+#: The environment variable that marks the processes of one :func:`run_command`.
+_MARKER = "JAXFOG_TEST_LAUNCH"
+_launches = itertools.count()
+
+
+def _kill_launch(process: subprocess.Popen, marker: str) -> None:
+    """SIGKILLs the command's session and every process whose environment
+    carries ``_MARKER=marker`` (where /proc lists them)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    tag = f"{_MARKER}={marker}".encode() + b"\0"
+    processes = Path("/proc")
+    for entry in processes.iterdir() if processes.is_dir() else ():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if tag in (entry / "environ").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ValueError):  # gone meanwhile, or not ours to read
+            continue
 
 
 def run_mpi(nprocs: int, file: str | os.PathLike, function: str, *, timeout: float = 120,

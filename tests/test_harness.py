@@ -37,3 +37,42 @@ def test_deadlock_is_killed_at_the_timeout():
     assert result.returncode is None
     assert 8 <= result.seconds < 20
     assert "timed out (killed)" in result.report()
+
+
+def _alive(pid: int, grace: float = 5.0) -> bool:
+    """Whether ``pid`` still runs ``grace`` seconds on (SIGKILL is not instant)."""
+    import time
+
+    deadline = time.monotonic() + grace
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except FileNotFoundError:
+            return False
+        if state == "Z":  # dead, not yet reaped by its new parent
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
+
+
+def test_processes_in_sessions_of_their_own_die_with_the_launch(tmp_path):
+    """MPI launchers start ranks in new sessions, which a kill of the
+    launch's own session misses: on the GPU machine, ranks of a timed-out
+    launch outlived it and hung the next test. A grandchild in its own session
+    must be gone once run_command returns, at the timeout and after a normal end."""
+    import sys
+
+    from jaxfog.testing import run_command
+
+    for hang, timeout in (("; time.sleep(60)", 3), ("", 30)):
+        pid_file = tmp_path / f"pid{timeout}"
+        script = ("import subprocess, sys, time; "
+                  "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+                  "start_new_session=True, stdout=subprocess.DEVNULL, "
+                  "stderr=subprocess.DEVNULL); "
+                  f"open({str(pid_file)!r}, 'w').write(str(p.pid))" + hang)
+        result = run_command([sys.executable, "-c", script], timeout=timeout)
+        assert (result.returncode is None) == bool(hang), result.report()
+        grandchild = int(pid_file.read_text())
+        assert not _alive(grandchild), f"process {grandchild} outlived run_command"

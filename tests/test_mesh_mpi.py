@@ -40,6 +40,27 @@ def test_processes_sharing_a_gpu_are_refused_by_name():
     assert "processes 0 and 2 share GPU 0 on a" in why and "per_device" in why
 
 
+def test_gpu_identity_is_decided_without_starting_jax(monkeypatch):
+    """Before jax.distributed starts (processes sharing a GPU hung in the GPU
+    client's start-up): from jax_platforms and CUDA_VISIBLE_DEVICES alone."""
+    import socket
+
+    import jaxfog.mesh as M
+
+    before = jax.config.jax_platforms
+    try:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+        jax.config.update("jax_platforms", "cuda,cpu")
+        assert M.gpu_identity() == (socket.gethostname(), ["3", "1"])
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+        assert M.gpu_identity() is None  # CUDA hidden: nothing to share
+        jax.config.update("jax_platforms", "cpu,cuda")
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+        assert M.gpu_identity() is None
+    finally:
+        jax.config.update("jax_platforms", before)
+
+
 @mpi_test(nprocs=(2, 4), env={"JAXFOG_NODES_PER_MACHINE": "2"}, timeout=300)
 def test_every_case_on_the_mesh_matches_the_simulation():
     """4 agents: one per device on 4 processes, two per device on 2."""
