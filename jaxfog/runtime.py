@@ -69,6 +69,10 @@ KEEP_FREED_BYTES = 512 << 20
 #: C++ library keeps for reuse; larger or older ones are freed (scratch.h).
 SCRATCH_KEEP_BYTES_ENV = "JAXFOG_SCRATCH_KEEP_BYTES"
 SCRATCH_KEEP_BYTES = 256 << 20
+#: Bytes of free pinned host buffers kept for host-staged ops on GPU arrays
+#: (pinning is slow, and pageable copies run at half the rate).
+STAGING_KEEP_BYTES_ENV = "JAXFOG_STAGING_KEEP_BYTES"
+STAGING_KEEP_BYTES = 2 << 30
 
 # Communicator ids in the C++ registry: the world duplicate, the ranks of this
 # machine, and the machines' local rank 0s (registered on those ranks only).
@@ -295,6 +299,8 @@ def init(topology: T.Topology | Any | None = None) -> None:
             lib.jaxfog_keep_freed_memory(keep)
         lib.jaxfog_set_scratch_keep_bytes(_bytes_from_env(
             SCRATCH_KEEP_BYTES_ENV, SCRATCH_KEEP_BYTES, "keep no scratch buffer"))
+        lib.jaxfog_set_staging_keep_bytes(_bytes_from_env(
+            STAGING_KEEP_BYTES_ENV, STAGING_KEEP_BYTES, "keep no pinned staging buffer"))
         ffi.start_timeline(rank)  # JAXFOG_TIMELINE
     except BaseException:
         _release(lib, comms, python_comm, peers_comm)

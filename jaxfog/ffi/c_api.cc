@@ -28,6 +28,7 @@
 #include "peer_watch.h"
 #include "registry.h"
 #include "scratch.h"
+#include "staging.h"
 #include "status.h"
 #include "timeline.h"
 #include "traffic.h"
@@ -165,6 +166,11 @@ __attribute__((visibility("default"))) int64_t jaxfog_async_min_bytes() {
 // Keeps at most `bytes` of free scratch buffers for reuse (scratch.h).
 __attribute__((visibility("default"))) void jaxfog_set_scratch_keep_bytes(int64_t bytes) {
   jaxfog::ScratchPool::Global().set_keep_bytes(static_cast<size_t>(std::max<int64_t>(bytes, 0)));
+}
+
+// Keeps at most `bytes` of free pinned staging buffers (GPU arrays over MPI).
+__attribute__((visibility("default"))) void jaxfog_set_staging_keep_bytes(int64_t bytes) {
+  jaxfog::SetPinnedKeepBytes(static_cast<size_t>(std::max<int64_t>(bytes, 0)));
 }
 
 // The MPI library version string of the MPI this library is linked against.

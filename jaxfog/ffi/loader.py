@@ -136,6 +136,8 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_set_async_min_bytes.restype = None
     lib.jaxfog_set_scratch_keep_bytes.argtypes = [ctypes.c_int64]
     lib.jaxfog_set_scratch_keep_bytes.restype = None
+    lib.jaxfog_set_staging_keep_bytes.argtypes = [ctypes.c_int64]
+    lib.jaxfog_set_staging_keep_bytes.restype = None
     lib.jaxfog_async_min_bytes.restype = ctypes.c_int64
     lib.jaxfog_timeline_start.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
                                           ctypes.c_int]

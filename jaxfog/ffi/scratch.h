@@ -12,6 +12,9 @@
 // keep_bytes() (JAXFOG_SCRATCH_KEEP_BYTES, default kDefaultKeepBytes) and
 // number at most kMaxFree; beyond that the least recently returned are freed,
 // and a buffer larger than the cap is freed at once.
+//
+// Where the memory comes from is the pool's allocator: aligned operator new by
+// default; the CUDA staging pool's is pinned memory (cuda_copier.cc).
 #ifndef JAXFOG_FFI_SCRATCH_H_
 #define JAXFOG_FFI_SCRATCH_H_
 
@@ -34,11 +37,19 @@ class ScratchPool {
   static constexpr size_t kMaxFree = 16;
   static constexpr size_t kMaxSlack = 4;
 
-  // Frees what operator new(bytes, align_val_t) allocated.
+  // Frees a buffer the way it was allocated.
   struct Free {
-    void operator()(char* data) const { ::operator delete(data, std::align_val_t{kAlign}); }
+    void (*release)(char*);
+    void operator()(char* data) const { release(data); }
   };
   using Buffer = std::unique_ptr<char, Free>;
+  // Allocates at least `bytes`, aligned to kAlign; throws std::bad_alloc.
+  using Allocator = Buffer (*)(size_t bytes);
+
+  static Buffer AlignedNew(size_t bytes) {
+    return Buffer(static_cast<char*>(::operator new(bytes, std::align_val_t{kAlign})),
+                  Free{[](char* data) { ::operator delete(data, std::align_val_t{kAlign}); }});
+  }
 
   // A buffer of at least `bytes`, returned to the pool when destroyed.
   class Lease {
@@ -59,7 +70,8 @@ class ScratchPool {
     size_t capacity_;
   };
 
-  explicit ScratchPool(size_t keep_bytes = kDefaultKeepBytes) : keep_bytes_(keep_bytes) {}
+  explicit ScratchPool(size_t keep_bytes = kDefaultKeepBytes, Allocator allocate = &AlignedNew)
+      : keep_bytes_(keep_bytes), allocate_(allocate) {}
 
   // Throws std::bad_alloc when memory runs out (the communication thread
   // turns that into the op's error).
@@ -82,8 +94,7 @@ class ScratchPool {
     }
     // Round up so that slightly growing messages reuse the buffer.
     const size_t capacity = (std::max(kAlign, bytes + bytes / 8) + kAlign - 1) / kAlign * kAlign;
-    Buffer data(static_cast<char*>(::operator new(capacity, std::align_val_t{kAlign})));
-    return Lease(this, std::move(data), capacity);
+    return Lease(this, allocate_(capacity), capacity);
   }
 
   // The most bytes of free buffers kept; takes effect as buffers come back.
@@ -125,6 +136,7 @@ class ScratchPool {
 
   std::mutex mutex_;
   std::atomic<size_t> keep_bytes_;
+  const Allocator allocate_;
   std::vector<Entry> free_;  // oldest returned first
   size_t free_bytes_ = 0;
 };

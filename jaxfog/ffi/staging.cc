@@ -20,6 +20,7 @@ ffi::Error HostCopier::ToDevice(void* device, const void* host, size_t bytes) {
 
 #ifndef JAXFOG_WITH_CUDA
 std::unique_ptr<DeviceCopier> MakeCudaCopier(void*) { return nullptr; }
+void SetPinnedKeepBytes(size_t) {}
 #endif
 
 Staging::~Staging() {
@@ -35,7 +36,7 @@ char* Staging::Scratch(const std::vector<size_t>& bytes, std::vector<size_t>* of
     offsets->push_back(total);
     total += (b + kAlign - 1) / kAlign * kAlign;
   }
-  buffers_.push_back(ScratchPool::Global().Acquire(total));
+  buffers_.push_back(copier_->Pool().Acquire(total));
   return buffers_.back().data();
 }
 

@@ -29,6 +29,8 @@ class DeviceCopier {
   virtual ffi::Error ToHost(void* host, const void* device, size_t bytes) = 0;
   virtual ffi::Error ToDevice(void* device, const void* host, size_t bytes) = 0;
   virtual ffi::Error Wait() = 0;
+  // Where the host side of staged buffers comes from (kept between calls).
+  virtual ScratchPool& Pool() { return ScratchPool::Global(); }
 };
 
 // Copies with memcpy: "device" memory that is host memory. It lets the CPU
@@ -40,9 +42,15 @@ class HostCopier final : public DeviceCopier {
   ffi::Error Wait() override { return ffi::Error::Success(); }
 };
 
-// Copies on a CUDA stream (the one XLA gives the handler); null when jaxfog
-// was built without CUDA.
+// Copies on a CUDA stream (the one XLA gives the handler), to and from
+// pinned host buffers (pageable memory halves the copies' rate and faults in
+// fresh pages on each large call); null when jaxfog was built without CUDA.
 std::unique_ptr<DeviceCopier> MakeCudaCopier(void* stream);
+
+// The most bytes of free pinned staging buffers kept for reuse
+// (JAXFOG_STAGING_KEEP_BYTES); nothing to set without CUDA.
+void SetPinnedKeepBytes(size_t bytes);
+constexpr size_t kDefaultPinnedKeepBytes = size_t{2} << 30;
 
 // The host side of one staged call: its scratch buffers and the copies back.
 class Staging {
