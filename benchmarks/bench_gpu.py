@@ -88,7 +88,9 @@ def _staging_floor(x) -> dict:
         comm.Allgather(host, out)
         return out
 
-    return {"d2h_ms": _median(lambda: np.asarray(jax.device_get(x))) * 1e3,
+    # A fresh array each time: device_get caches an array's host copy.
+    fresh = jax.jit(lambda v: v + 0)
+    return {"d2h_ms": _median(lambda: np.asarray(jax.device_get(fresh(x)))) * 1e3,
             "host_allgather_ms": _median(mpi_allgather) * 1e3,
             "h2d_ms": _median(lambda: jax.device_put(gathered)) * 1e3}
 

@@ -21,10 +21,11 @@
 #   exit            scripts/exit_probe.py on the GPU: how long a process that used it
 #                   takes to exit, phase by phase (NCCL, host-staged, 2 ranks)
 #   mpi-suite       tests/test_ops_mpi.py on GPU arrays, host-staged
-#   training        optax, windows and the digits demo on GPU arrays, host-staged
-#   bench-sim       the simulation backend, n = 16..1024 agents, d = 1e4..1e7
 #   bench-exchange  exchange 1 KB..256 MB (NCCL, staged) against device copies and
-#                   host round trips; dispatch on GPU
+#                   host round trips, the staged allgather against its floor; dispatch
+#   bench-sim       the simulation backend, n = 16..1024 agents, d = 1e4..1e7
+#   training        the digits demo, optax and windows on GPU arrays, host-staged
+#                   (last: the longest; one optax test alone took 93 s on the H200)
 # Explicit only: probe (the machine), mpi (a 2-rank MPI hello), units (build, JAX-compat
 # and C++ unit tests), staged and nccl (the two halves of gpu-tests).
 #
@@ -278,7 +279,7 @@ log_of() {
   esac
 }
 
-DEFAULT="build gpu-tests exit mpi-suite training bench-sim bench-exchange"
+DEFAULT="build gpu-tests exit mpi-suite bench-exchange bench-sim training"
 STAGES="probe mpi build units gpu-tests staged nccl exit mpi-suite training bench-sim bench-exchange"
 [ $# -gt 0 ] || set -- $DEFAULT
 for stage in "$@"; do
