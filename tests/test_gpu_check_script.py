@@ -16,8 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-DEFAULT = ["build", "gpu-tests", "exit", "mpi-suite", "training", "bench-sim",
-           "bench-exchange"]
+DEFAULT = ["build", "gpu-tests", "exit", "mpi-suite", "bench-exchange", "bench-sim", "training"]
 LOGS = {"build": "build.log", "gpu-tests": "gpu.log", "exit": "gpu.log",
         "mpi-suite": "suites.log", "training": "suites.log", "bench-sim": "bench.log",
         "bench-exchange": "bench.log"}
