@@ -92,6 +92,9 @@ inline ffi::ErrorOr<Call> Decode(Staging* staging, int64_t comm_id, ffi::Remaini
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
   JAXFOG_ASSIGN_OR_RETURN(in, Inputs(staging, args, OpName(op)));
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(staging, rets));
+  if (staging == nullptr) {  // XLA's fresh host buffers (staged ones come from a pool)
+    for (const Leaf& leaf : out) AdviseHugePages(leaf.out, leaf.bytes);
+  }
   return Call{transport, std::move(in), std::move(out)};
 }
 

@@ -18,9 +18,12 @@
 #ifndef JAXFOG_FFI_SCRATCH_H_
 #define JAXFOG_FFI_SCRATCH_H_
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <iterator>
 #include <memory>
 #include <mutex>
@@ -29,6 +32,21 @@
 #include <vector>
 
 namespace jaxfog {
+
+// Asks for transparent huge pages on the whole 2 MiB pages inside
+// [data, data + bytes), as numpy does for its arrays. Fresh buffers of a few
+// MB (XLA's outputs, received messages) are mmapped in 4 KiB pages, and the
+// first write into them faults every page: a 32 MB allgather output on 2 ranks
+// took 40 ms instead of 12 (8,192 faults against 16). Only advice: where the
+// kernel has THP off, or the memory is already faulted in, nothing changes.
+inline void AdviseHugePages(void* data, size_t bytes) {
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  if (bytes < 2 * kHuge) return;  // no whole huge page worth a system call
+  const uintptr_t start = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t begin = (start + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (start + bytes) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+}
 
 class ScratchPool {
  public:
@@ -47,7 +65,9 @@ class ScratchPool {
   using Allocator = Buffer (*)(size_t bytes);
 
   static Buffer AlignedNew(size_t bytes) {
-    return Buffer(static_cast<char*>(::operator new(bytes, std::align_val_t{kAlign})),
+    char* data = static_cast<char*>(::operator new(bytes, std::align_val_t{kAlign}));
+    AdviseHugePages(data, bytes);
+    return Buffer(data,
                   Free{[](char* data) { ::operator delete(data, std::align_val_t{kAlign}); }});
   }
 

@@ -29,6 +29,9 @@ ffi::ErrorOr<WindowCall> DecodeWindow(Staging* staging, int64_t win_id,
   JAXFOG_ASSIGN_OR_RETURN(window, LookupWindow(win_id));
   JAXFOG_ASSIGN_OR_RETURN(in, Inputs(staging, args, OpName(op)));
   JAXFOG_ASSIGN_OR_RETURN(out, Outputs(staging, rets));
+  if (staging == nullptr) {
+    for (const Leaf& leaf : out) AdviseHugePages(leaf.out, leaf.bytes);
+  }
   const auto& leaves = window->layout().leaves;
   bool same = in.size() == leaves.size();
   for (size_t l = 0; same && l < in.size(); ++l) {
