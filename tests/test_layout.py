@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "jaxfog"
 #: package. Every module of the package is in exactly one layer.
 LAYERS = [
     ("pure data, errors, argument checks",
-     ["jaxfog.errors", "jaxfog.topology", "jaxfog._validate"]),
+     ["jaxfog.errors", "jaxfog.topology.*", "jaxfog._validate"]),
     ("the C++ library, loaded with ctypes; NCCL's set-up",
      ["jaxfog.ffi.loader", "jaxfog.ffi", "jaxfog.ffi.nccl_setup"]),
     ("who the agents are: the MPI runtime, or the simulation being traced",
