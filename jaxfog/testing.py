@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from jaxfog.cli import launcher
+from jaxfog.cli import _launcher
 
 #: Seconds a failed rank waits for the others to fail too before aborting.
 FAILURE_GRACE_SECONDS = 3.0
@@ -132,7 +132,7 @@ def run_mpi(nprocs: int, file: str | os.PathLike, function: str, *, timeout: flo
     the GPU check runs the multi-rank suite on GPU arrays).
     """
     full_env = launch_environment(env)
-    command = launcher.build_command(
+    command = _launcher.build_command(
         [sys.executable, "-m", "jaxfog.testing", str(Path(file).resolve()), function],
         nprocs, env=full_env)
     return run_command(command, timeout=timeout, env=full_env)

@@ -22,19 +22,19 @@ LAYERS = [
     ("pure data, errors, argument checks",
      ["jaxfog.errors", "jaxfog.topology.*", "jaxfog._validate"]),
     ("the C++ library, loaded with ctypes; NCCL's set-up",
-     ["jaxfog.ffi.loader", "jaxfog.ffi", "jaxfog.ffi.nccl_setup"]),
+     ["jaxfog.ffi._loader", "jaxfog.ffi", "jaxfog.ffi._nccl_setup"]),
     ("who the agents are: the MPI runtime, or the simulation being traced",
      ["jaxfog._context", "jaxfog.runtime", "jaxfog.traffic"]),
     ("arguments, plans, and the FFI primitives with their rules",
      ["jaxfog.ops._jax_compat", "jaxfog.ops._plan", "jaxfog.ops._args", "jaxfog.ops._primitive",
-      "jaxfog.ops.jit", "jaxfog.ops.nccl", "jaxfog.ops.primitives"]),
+      "jaxfog.ops.jit", "jaxfog.ops._nccl", "jaxfog.ops._primitives"]),
     ("backends: one method per op (MPI, and the simulation's)",
-     ["jaxfog.ops.backends._numerics", "jaxfog.ops.backends._window_spec",
-      "jaxfog.ops.backends.mpi_windows", "jaxfog.ops.backends.mpi", "jaxfog.ops.backends",
-      "jaxfog.simulation.clock", "jaxfog.simulation.windows", "jaxfog.simulation.backend"]),
+     ["jaxfog.ops._backends._numerics", "jaxfog.ops._backends._window_spec",
+      "jaxfog.ops._backends.mpi_windows", "jaxfog.ops._backends.mpi", "jaxfog.ops._backends",
+      "jaxfog.simulation._clock", "jaxfog.simulation._windows", "jaxfog.simulation._backend"]),
     ("the public ops",
      ["jaxfog.ops.neighbor", "jaxfog.ops.collective", "jaxfog.ops.hierarchical",
-      "jaxfog.ops.process", "jaxfog.ops.window", "jaxfog.ops.agent", "jaxfog.ops"]),
+      "jaxfog.ops.process", "jaxfog.ops.window", "jaxfog.ops._agent", "jaxfog.ops"]),
     ("one program, any scale: simulated agents, a device mesh",
      ["jaxfog.mesh", "jaxfog.simulation.agents", "jaxfog.simulation"]),
     ("algorithms",
@@ -155,8 +155,8 @@ def test_every_module_imports_alone():
 def test_public_names_resolve_and_backends_implement_every_op():
     import jaxfog
     import jaxfog.ops
-    from jaxfog.ops import backends
-    from jaxfog.simulation.backend import SimulatedBackend
+    from jaxfog.ops import _backends as backends
+    from jaxfog.simulation._backend import SimulatedBackend
 
     for name in jaxfog.__all__:
         assert getattr(jaxfog, name) is not None, name
@@ -180,7 +180,7 @@ _MAY_ASK = ("jaxfog.ops", "jaxfog.simulation", "jaxfog.runtime", "jaxfog._contex
 
 def test_no_module_above_the_ops_branches_on_the_backend():
     """One program: what differs between backends is behind the Backend
-    protocol (jaxfog.ops.backends); no other module imports a backend or
+    protocol (jaxfog.ops._backends); no other module imports a backend or
     asks whether it runs on simulated agents."""
     offenders = []
     for module, path in _modules().items():
@@ -188,7 +188,7 @@ def test_no_module_above_the_ops_branches_on_the_backend():
             continue
         source = path.read_text()
         for name, line in _jaxfog_imports(ast.parse(source), module):
-            if name.startswith("jaxfog.ops.backends") or name == "jaxfog._context":
+            if name.startswith("jaxfog.ops._backends") or name == "jaxfog._context":
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}")
         for number, text in enumerate(source.splitlines(), 1):
             if "_context.current(" in text or "_simulated(" in text or "_on_mpi(" in text:

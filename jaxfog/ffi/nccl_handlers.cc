@@ -1,5 +1,5 @@
 // The NCCL transport's XLA FFI handlers, for CUDA buffers. They move data
-// only: the lowering (jaxfog/ops/nccl.py) leaves weighted sums, means and the
+// only: the lowering (jaxfog/ops/_nccl.py) leaves weighted sums, means and the
 // scaling of sends to XLA, which fuses them around the call. Not CUDA-graph
 // compatible (no traits): each call checks headers over MPI on the host. Each
 // records the op's timeline span (enqueueing, not the GPU's work).

@@ -31,7 +31,7 @@ from jax import core
 from jax.interpreters import mlir
 
 from jaxfog import ffi, runtime
-from jaxfog.ffi import nccl_setup
+from jaxfog.ffi import _nccl_setup
 from jaxfog.ops._primitive import GENERIC_LOWERINGS, lower_comm_call, message
 
 EXCHANGE, ALLREDUCE, BROADCAST, ALLGATHER = ffi.NCCL_TARGETS
@@ -75,7 +75,7 @@ def _exchange(ctx, values, avals, *, op: str, send_ranks, recv_ranks, stacked: b
     and errors name it."""
     blocks = [_shaped(s, a.dtype) for s, a in zip(block_shapes, avals)]
     outs = [_shaped((len(recv_ranks), *s), a.dtype) for s, a in zip(block_shapes, avals)]
-    attributes = {"comm_id": nccl_setup.NCCL_COMM_ID,
+    attributes = {"comm_id": _nccl_setup.NCCL_COMM_ID,
                   **message(f"nccl_{op}", blocks),
                   "send_ranks": np.array(send_ranks, np.int64),
                   "recv_ranks": np.array(recv_ranks, np.int64), "stacked": stacked,
@@ -153,7 +153,7 @@ def _allreduce(ctx, *xs, mean, comm_id):
     if (mean and _integer(ctx.avals_in)) or any(
             jnp.issubdtype(a.dtype, jnp.complexfloating) for a in ctx.avals_in):
         return None
-    attributes = {"comm_id": nccl_setup.NCCL_COMM_ID,
+    attributes = {"comm_id": _nccl_setup.NCCL_COMM_ID,
                   **message("allreduce", ctx.avals_in)}
     sums = _call(ctx, ALLREDUCE, xs, ctx.avals_in, ctx.avals_out, attributes)
     if not mean:
@@ -164,13 +164,13 @@ def _allreduce(ctx, *xs, mean, comm_id):
 
 
 def _broadcast(ctx, *xs, root, comm_id):
-    attributes = {"comm_id": nccl_setup.NCCL_COMM_ID, "root": root,
+    attributes = {"comm_id": _nccl_setup.NCCL_COMM_ID, "root": root,
                   **message("broadcast", ctx.avals_in)}
     return _call(ctx, BROADCAST, xs, ctx.avals_in, ctx.avals_out, attributes)
 
 
 def _allgather(ctx, *xs, size, comm_id):
-    attributes = {"comm_id": nccl_setup.NCCL_COMM_ID,
+    attributes = {"comm_id": _nccl_setup.NCCL_COMM_ID,
                   **message("allgather", ctx.avals_in)}
     return _call(ctx, ALLGATHER, xs, ctx.avals_in, ctx.avals_out, attributes)
 
