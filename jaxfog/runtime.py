@@ -578,3 +578,9 @@ def communicator():
     collectives of one communicator only when every rank issues them in the
     same order."""
     return _require().python_comm
+
+
+__all__ = ["async_min_bytes", "gpu_backend", "in_neighbor_ranks", "init", "is_homogeneous",
+           "is_initialized", "load_machine_topology", "load_topology", "local_rank", "local_size",
+           "machine_rank", "machine_size", "out_neighbor_ranks", "rank", "set_async_min_bytes",
+           "set_machine_topology", "set_topology", "shutdown", "size"]

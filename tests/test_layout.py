@@ -1,11 +1,14 @@
 """The package's layout: the layers of ``LAYERS`` (which docs/architecture.rst
 shows), imports that only point down them, no cycles, no import of jaxfog
-inside a function, and every module importing alone."""
+inside a function, every module importing alone, and one rule for what is
+public."""
 
 from __future__ import annotations
 
 import ast
 import functools
+import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -171,6 +174,57 @@ def test_public_names_resolve_and_backends_implement_every_op():
         missing = {op for op in ops if not callable(getattr(backend, op, None))}
         assert not missing, f"{backend.__name__} lacks {sorted(missing)}"
 
+
+
+def _documented_objects() -> list:
+    """What docs/api.rst documents: the members of each ``automodule`` (those
+    listed, else its ``__all__``) and each ``autofunction``, ``autoclass``,
+    ``autoexception`` and ``autodata``."""
+    lines = (PACKAGE.parent / "docs" / "api.rst").read_text().splitlines()
+    current, found = "jaxfog", []
+    for number, line in enumerate(lines):
+        directive = re.fullmatch(r"\.\. (\w+):: (\S+)", line.strip())
+        if directive is None:
+            continue
+        kind, name = directive.groups()
+        if kind == "currentmodule":
+            current = name
+        elif kind == "automodule":
+            module = importlib.import_module(name)
+            members = next((option.split(":members:")[1] for option in lines[number + 1:number + 4]
+                            if ":members:" in option), "")
+            listed = [member.strip() for member in members.split(",") if member.strip()]
+            found += [getattr(module, member) for member in listed or module.__all__]
+        elif kind in ("autofunction", "autoclass", "autoexception", "autodata"):
+            module_name, _, attribute = (name if name.startswith("jaxfog")
+                                         else f"{current}.{name}").rpartition(".")
+            found.append(getattr(importlib.import_module(module_name), attribute))
+    return found
+
+
+def test_every_module_is_private_or_public_and_documented():
+    """The rule: a module whose dotted name has a part starting with ``_`` is
+    private (no user imports it). Every other module is public: it lists its
+    public names in ``__all__``, and docs/api.rst documents them, unless it is
+    a package, whose ``__init__`` gathers names from its modules."""
+    documented = {id(obj) for obj in _documented_objects()}
+    offenders = []
+    for module, path in _modules().items():
+        if any(part.startswith("_") for part in module.split(".")):
+            continue
+        tree = ast.parse(path.read_text())
+        if not any(isinstance(node, ast.Assign) and any(getattr(target, "id", None) == "__all__"
+                                                        for target in node.targets)
+                   for node in tree.body):
+            offenders.append(f"{module}: public, with no __all__")
+        elif path.name != "__init__.py":
+            public = importlib.import_module(module).__all__
+            missing = [name for name in public
+                       if id(getattr(importlib.import_module(module), name)) not in documented]
+            if missing:
+                offenders.append(f"{module}: {missing} are not in docs/api.rst (document "
+                                 "them, or underscore the module if no user imports it)")
+    assert not offenders, "\n".join(offenders)
 
 #: Modules that may ask which backend runs: the ops (where the backends live)
 #: and what sits below them (the runtime's queries, the simulation's context,

@@ -63,3 +63,6 @@ def allgather(x: Any, *, name: str | None = None) -> Any:
         everyone = jaxfog.allgather(jnp.array([float(jaxfog.rank())]))  # [0., 1., ...]
     """
     return _backends.apply("allgather", x, _args.allgather(name=name))
+
+
+__all__ = ["allgather", "allreduce", "broadcast"]

@@ -53,3 +53,6 @@ def hierarchical_neighbor_allreduce(
         self_weight=self_weight, src_machine_weights=src_machine_weights,
         dst_machine_weights=dst_machine_weights, name=name)
     return _backends.apply("hierarchical_neighbor_allreduce", x, args)
+
+
+__all__ = ["hierarchical_neighbor_allreduce"]

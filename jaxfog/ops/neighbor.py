@@ -145,3 +145,6 @@ def pair_gossip(x: Any, peer: Any, *, name: str | None = None) -> Any:
     """
     args = _args.pair_gossip(peer, name=name)
     return _backends.apply("pair_gossip", x, args)
+
+
+__all__ = ["neighbor_allgather", "neighbor_allreduce", "pair_gossip"]

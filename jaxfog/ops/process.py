@@ -41,3 +41,6 @@ def barrier() -> None:
     lockstep).
     """
     _backends.current().barrier()
+
+
+__all__ = ["barrier", "comm_rank", "comm_size"]

@@ -483,3 +483,6 @@ class Agents:
         else:
             means = [np.asarray(v) for v in allreduce([_inexact(v) for v in leaves])]
         return jax.tree.unflatten(treedef, means)
+
+
+__all__ = ["AGENT_AXIS", "INNER_AXIS", "Agents", "Delays", "reset_clocks", "simulate"]
