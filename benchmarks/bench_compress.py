@@ -77,7 +77,7 @@ def mergecomp_worker(out: Path, repeats: int) -> None:
 
 
 def launch(args: list[str], n: int = N) -> None:
-    from jaxfog import launcher
+    from jaxfog.cli import _launcher as launcher
 
     command = launcher.build_command([sys.executable, *args], n)
     if subprocess.call(command):

@@ -120,7 +120,7 @@ def mpi_worker(out: Path, epochs: int, batch: int, lr: float) -> None:
 
 
 def mpi_part(epochs: int, batch: int, lr: float, quick: bool) -> None:
-    from jaxfog import launcher
+    from jaxfog.cli import _launcher as launcher
 
     with tempfile.TemporaryDirectory() as directory:
         out = Path(directory) / "mpi.json"

@@ -169,7 +169,7 @@ def main() -> None:
         return worker(args)
     if args.quick:
         args.slowdowns, args.iterations, args.problems = [4.0], 40, ["least squares"]
-    from jaxfog import launcher
+    from jaxfog.cli import _launcher as launcher
 
     results, lines = {}, []
     for s in args.slowdowns:

@@ -139,7 +139,7 @@ def repeats_for(nbytes: int) -> int:
 # --- the launching process ---------------------------------------------------
 
 def launch(ranks: list[int], extra: list[str]) -> None:
-    from jaxfog import launcher
+    from jaxfog.cli import _launcher as launcher
 
     for n in ranks:
         command = launcher.build_command(

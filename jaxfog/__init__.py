@@ -8,9 +8,8 @@ import importlib
 from typing import Any
 
 from jaxfog import ops, topology
-from jaxfog.errors import JaxfogError, JaxfogTimeoutError
+from jaxfog.errors import JaxfogError, JaxfogTimeoutError, NotInitializedError
 from jaxfog.runtime import (
-    NotInitializedError,
     async_min_bytes,
     in_neighbor_ranks,
     init,

@@ -31,9 +31,9 @@ class Simulation:
     local_size: int
     machine_topology: T.Topology
     #: How ops run while this simulation is traced: ``backend(simulation)``
-    #: is the ``jaxfog.ops.backends.Backend`` that
-    #: ``jaxfog.ops.backends.current()`` returns (the simulation's front end
-    #: passes ``jaxfog.simulation.backend.SimulatedBackend``), so the ops never
+    #: is the ``jaxfog.ops._backends.Backend`` that
+    #: ``jaxfog.ops._backends.current()`` returns (the simulation's front end
+    #: passes ``jaxfog.simulation._backend.SimulatedBackend``), so the ops never
     #: import the simulation.
     backend: Callable[[Simulation], Any] = dataclasses.field(compare=False, kw_only=True)
     #: Several agents per device of a mesh (``simulate(mesh=...)`` with n a

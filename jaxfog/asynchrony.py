@@ -65,7 +65,7 @@ from jaxfog import _validate as V
 from jaxfog import optax as jf_optax
 from jaxfog import runtime
 from jaxfog import topology as T
-from jaxfog.ops import agent, barrier
+from jaxfog.ops import _agent, barrier
 from jaxfog.ops import window as W
 
 Tree = Any
@@ -151,7 +151,7 @@ def from_optax(optimizer: optax.GradientTransformation, *,
         return OptaxState(optax.apply_updates(state.params, updates), opt_state,
                           state.iteration + 1)
 
-    step = agent.StepFunction(local, static_argnums=1)
+    step = _agent.StepFunction(local, static_argnums=1)
     return Trainer(init, step, lambda state: state.params, _always, free, asynchronous,
                    step.compile, finish)
 
@@ -273,7 +273,7 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
     On MPI each iteration is four short jitted calls (read, local step,
     average, add). In the simulation the averages of the agents that step
     together are applied one after another in rank order
-    (``jaxfog.ops.agent`` holds what differs).
+    (``jaxfog.ops._agent`` holds what differs).
     """
     _check_trainer("jaxfog.asynchrony.adpsgd", inner, name, topology)
     seed = V.integer("jaxfog.asynchrony.adpsgd", "seed", seed)
@@ -287,33 +287,33 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
         linked = np.zeros((graph.size,) * 2, bool)
         for i in range(graph.size):
             linked[i, table[i, :count[i]]] = True
-        agent.value_create(params, name, linked)
+        _agent.value_create(params, name, linked)
         return ADPSGDState(inner.init(params), jnp.zeros([], jnp.int32))
 
     def peer(iteration):
-        row = agent.rank_row(held["table"])  # numpy where the rank is concrete
-        return row[pick(seed, runtime.rank(), iteration, agent.rank_row(held["count"]))]
+        row = _agent.rank_row(held["table"])  # numpy where the rank is concrete
+        return row[pick(seed, runtime.rank(), iteration, _agent.rank_row(held["count"]))]
 
     def local(x, opt_state, iteration, grad_fn):
         grads = grad_fn(x, iteration)
         return (*inner.update(grads, opt_state, x), iteration + 1)
 
-    local_step = agent.StepFunction(local, static_argnums=3)
+    local_step = _agent.StepFunction(local, static_argnums=3)
 
     def step(state, grad_fn):
-        x = agent.value_read(name)
+        x = _agent.value_read(name)
         u, opt_state, iteration = local_step(x, state.opt_state, state.iteration, grad_fn)
-        agent.pair_average(name, peer(state.iteration))
-        agent.value_add(name, u)
+        _agent.pair_average(name, peer(state.iteration))
+        _agent.value_add(name, u)
         return ADPSGDState(opt_state, iteration)
 
     def params(state):
-        return agent.value_read(name)
+        return _agent.value_read(name)
 
     def compile_step(state, grad_fn):
         x = _zeros(held["shape"])
         local_step.compile(x, state.opt_state, state.iteration, grad_fn)
-        agent.value_compile(name)
+        _agent.value_compile(name)
 
     def free():
         local_step.reset()
@@ -393,7 +393,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
         W.win_create(jnp.zeros(n, jnp.int32), counters, zero_init=True)
         # The neighbours' slots start with this agent's own model: send it once.
         W.win_put(params, models)
-        agent.settle()
+        _agent.settle()
         return HopState(params, params, inner.init(params), jnp.zeros([], jnp.int32),
                         jnp.zeros(held["n"], jnp.int32))
 
@@ -412,7 +412,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
             ok = ok & jnp.all(jnp.where(ins, seen >= k - staleness, True))
         return ok, fresh
 
-    ready_step = agent.StepFunction(lambda k: admissible(read_counters(), k)[0])
+    ready_step = _agent.StepFunction(lambda k: admissible(read_counters(), k)[0])
 
     def ready(state):
         return ready_step(state.iteration)
@@ -450,7 +450,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
         W.win_put(jnp.zeros(held["n"], jnp.int32).at[runtime.rank()].set(k), counters)
         return HopState(x, y, opt_state, k, seen.astype(jnp.int32))
 
-    step = agent.StepFunction(local, static_argnums=1)
+    step = _agent.StepFunction(local, static_argnums=1)
 
     def compile_step(state, grad_fn):
         ready_step.compile(state.iteration)
@@ -469,7 +469,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
 def now() -> Any:
     """Seconds on this agent's clock: its simulated time under
     ``simulate(delays=...)`` (0 without delays), ``time.perf_counter()`` on MPI."""
-    return agent.now()
+    return _agent.now()
 
 
 def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
@@ -522,7 +522,7 @@ def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
         raise ValueError(f"{what}: until= needs an asynchronous trainer (the agents of a "
                          "synchronous one must run the same number of steps)")
     until = np.inf if until is None else until  # traced on simulated agents, or not
-    return agent.run(trainer, state, grad_fn, iterations, until, warmup=warmup, poll=poll,
+    return _agent.run(trainer, state, grad_fn, iterations, until, warmup=warmup, poll=poll,
                      callback=callback)
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from jaxfog import _context, ffi
-from jaxfog.ffi import nccl_setup
+from jaxfog.ffi import _nccl_setup
 from jaxfog import _validate as V
 from jaxfog import topology as T
 from jaxfog.errors import BackendError, NotInitializedError
@@ -285,13 +285,14 @@ def init(topology: T.Topology | Any | None = None) -> None:
             comms[LEADERS_COMM_ID] = leaders
         for comm_id, member in comms.items():
             _register(lib, comm_id, member, timeout, max_message)
-        gpu_backend = nccl_setup.choose(nccl_setup.has_cuda(), ffi.nccl_built(), nccl_setup.requested())
+        gpu_backend = _nccl_setup.choose(_nccl_setup.has_cuda(), ffi.nccl_built(),
+                                         _nccl_setup.requested())
         if gpu_backend == "nccl":
-            checks = nccl_setup.start_nccl(lib, comm, timeout, max_message)
+            checks = _nccl_setup.start_nccl(lib, comm, timeout, max_message)
             if checks is None:
                 gpu_backend = "mpi"
             else:
-                comms[nccl_setup.NCCL_COMM_ID] = checks
+                comms[_nccl_setup.NCCL_COMM_ID] = checks
         lib.jaxfog_set_async_min_bytes(_async_min_bytes_from_env(local_size))
         keep = _bytes_from_env(KEEP_FREED_BYTES_ENV, KEEP_FREED_BYTES,
                                "leave malloc as it is")
@@ -577,3 +578,9 @@ def communicator():
     collectives of one communicator only when every rank issues them in the
     same order."""
     return _require().python_comm
+
+
+__all__ = ["async_min_bytes", "gpu_backend", "in_neighbor_ranks", "init", "is_homogeneous",
+           "is_initialized", "load_machine_topology", "load_topology", "local_rank", "local_size",
+           "machine_rank", "machine_size", "out_neighbor_ranks", "rank", "set_async_min_bytes",
+           "set_machine_topology", "set_topology", "shutdown", "size"]

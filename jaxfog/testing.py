@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from jaxfog.cli import launcher
+from jaxfog.cli import _launcher
 
 #: Seconds a failed rank waits for the others to fail too before aborting.
 FAILURE_GRACE_SECONDS = 3.0
@@ -31,6 +31,9 @@ FAILURE_GRACE_SECONDS = 3.0
 
 @dataclasses.dataclass
 class MpiResult:
+    """What a launch did: its command, exit status, the ranks' merged output
+    and how long it ran."""
+
     command: list[str]
     returncode: int | None  # None: killed at the timeout
     output: str
@@ -38,9 +41,11 @@ class MpiResult:
 
     @property
     def ok(self) -> bool:
+        """Whether the launch exited with status 0 (as every rank did)."""
         return self.returncode == 0
 
     def report(self) -> str:
+        """The command, how it ended and the ranks' output, for an assertion message."""
         status = ("timed out (killed)" if self.returncode is None
                   else f"exit status {self.returncode}")
         return (f"{' '.join(self.command)}\n{status} after {self.seconds:.1f} s; "
@@ -132,7 +137,7 @@ def run_mpi(nprocs: int, file: str | os.PathLike, function: str, *, timeout: flo
     the GPU check runs the multi-rank suite on GPU arrays).
     """
     full_env = launch_environment(env)
-    command = launcher.build_command(
+    command = _launcher.build_command(
         [sys.executable, "-m", "jaxfog.testing", str(Path(file).resolve()), function],
         nprocs, env=full_env)
     return run_command(command, timeout=timeout, env=full_env)
@@ -164,6 +169,8 @@ def _fail(rank: int, error: BaseException) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """In each rank (``python -m jaxfog.testing FILE FUNCTION``): runs FUNCTION
+    (or its ``mpi_body``) from FILE; on an exception reports it and aborts the job."""
     file, function = (sys.argv[1:] if argv is None else argv)
     target = getattr(_load(file), function)
     body = getattr(target, "mpi_body", target)
@@ -177,6 +184,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # Every rank leaves together, so none finalizes while a peer still works.
     MPI.COMM_WORLD.Barrier()
+
+
+__all__ = ["MpiResult", "launch_environment", "main", "platforms", "run_command", "run_mpi"]
 
 
 if __name__ == "__main__":

@@ -116,3 +116,6 @@ def merge_files(out: str, patterns: Sequence[str]) -> dict[str, Any]:
     except OSError as err:
         raise TimelineError(f"cannot write {out}: {err.strerror or err}") from None
     return trace
+
+
+__all__ = ["expand", "merge", "merge_files"]

@@ -63,3 +63,6 @@ def comm_stats(reset: bool = False) -> dict[str, CommStats]:
     names = {spec.code: name for name, spec in ffi.op_table().items()}
     return {names.get(code, f"op {code}"): CommStats(*row)
             for code, row in sorted(ffi.traffic(reset).items())}
+
+
+__all__ = ["CommStats", "comm_stats"]

@@ -15,7 +15,7 @@ import jaxfog as jf
 import jaxfog.asynchrony as jfa
 import jaxfog.optax as jfo
 import jaxfog.topology as T
-from jaxfog.simulation import clock as sc
+from jaxfog.simulation import _clock as sc
 from optax_cases import directed_graph, least_squares
 
 pytestmark = pytest.mark.jax_internals

@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from jaxfog.cli import demo  # noqa: E402
+from jaxfog.cli import _demo as demo  # noqa: E402
 from jaxfog import topology as T  # noqa: E402
 
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from jaxfog.cli import launcher
+from jaxfog.cli import _launcher as launcher
 from jaxfog.testing import run_mpi
 from mpi_harness import mpi_test
 

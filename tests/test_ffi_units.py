@@ -463,7 +463,8 @@ def test_nccl_transport_checks_validates_and_watches(tmp_path):
     main.write_text(NCCL_TEST)
     binary = tmp_path / "main"
     sources = [str(FFI / name) for name in ("nccl_transport.cc", "nccl_api.cc",
-                                            "mpi_transport.cc", "peer_watch.cc",
+                                            "mpi_transport.cc", "message_header.cc",
+                                            "mpi_requests.cc", "peer_watch.cc",
                                             "timeline.cc")]
     built = subprocess.run(
         [mpicxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-pthread",

@@ -16,7 +16,7 @@ import pytest
 
 import jaxfog as jf
 from jaxfog import runtime
-from jaxfog.ffi import nccl_setup
+from jaxfog.ffi import _nccl_setup as nccl_setup
 from jaxfog import topology as T
 from jaxfog.testing import run_mpi
 
@@ -72,7 +72,7 @@ def self_exchange_values() -> None:
     import ml_dtypes
 
     from jaxfog.ops import _plan
-    from jaxfog.ops import primitives as P
+    from jaxfog.ops import _primitives as P
 
     assert jf.size() == 1
     plan = _plan.Plan((0.25,), sends=(((0, 2.0),),), recvs=(((0, 0.5),),))

@@ -27,9 +27,9 @@ import pytest
 
 import jaxfog as jf
 from jaxfog import ffi, runtime
-from jaxfog.ffi import nccl_setup
+from jaxfog.ffi import _nccl_setup as nccl_setup
 from jaxfog.ops import _plan
-from jaxfog.ops import primitives as P
+from jaxfog.ops import _primitives as P
 from mpi_harness import mpi_test
 from jaxfog.testing import run_mpi
 import test_ops_mpi

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxfog.cli import launcher
+from jaxfog.cli import _launcher as launcher
 
 SHIM = str(Path(launcher.__file__).resolve())
 

@@ -1,11 +1,14 @@
 """The package's layout: the layers of ``LAYERS`` (which docs/architecture.rst
 shows), imports that only point down them, no cycles, no import of jaxfog
-inside a function, and every module importing alone."""
+inside a function, every module importing alone, and one rule for what is
+public."""
 
 from __future__ import annotations
 
 import ast
 import functools
+import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,21 +23,21 @@ PACKAGE = Path(__file__).resolve().parent.parent / "jaxfog"
 #: package. Every module of the package is in exactly one layer.
 LAYERS = [
     ("pure data, errors, argument checks",
-     ["jaxfog.errors", "jaxfog.topology", "jaxfog._validate"]),
+     ["jaxfog.errors", "jaxfog.topology.*", "jaxfog._validate"]),
     ("the C++ library, loaded with ctypes; NCCL's set-up",
-     ["jaxfog.ffi.loader", "jaxfog.ffi", "jaxfog.ffi.nccl_setup"]),
+     ["jaxfog.ffi._loader", "jaxfog.ffi", "jaxfog.ffi._nccl_setup"]),
     ("who the agents are: the MPI runtime, or the simulation being traced",
      ["jaxfog._context", "jaxfog.runtime", "jaxfog.traffic"]),
     ("arguments, plans, and the FFI primitives with their rules",
      ["jaxfog.ops._jax_compat", "jaxfog.ops._plan", "jaxfog.ops._args", "jaxfog.ops._primitive",
-      "jaxfog.ops.jit", "jaxfog.ops.nccl", "jaxfog.ops.primitives"]),
+      "jaxfog.ops.jit", "jaxfog.ops._nccl", "jaxfog.ops._primitives"]),
     ("backends: one method per op (MPI, and the simulation's)",
-     ["jaxfog.ops.backends._numerics", "jaxfog.ops.backends._window_spec",
-      "jaxfog.ops.backends.mpi_windows", "jaxfog.ops.backends.mpi", "jaxfog.ops.backends",
-      "jaxfog.simulation.clock", "jaxfog.simulation.windows", "jaxfog.simulation.backend"]),
+     ["jaxfog.ops._backends._numerics", "jaxfog.ops._backends._window_spec",
+      "jaxfog.ops._backends.mpi_windows", "jaxfog.ops._backends.mpi", "jaxfog.ops._backends",
+      "jaxfog.simulation._clock", "jaxfog.simulation._windows", "jaxfog.simulation._backend"]),
     ("the public ops",
      ["jaxfog.ops.neighbor", "jaxfog.ops.collective", "jaxfog.ops.hierarchical",
-      "jaxfog.ops.process", "jaxfog.ops.window", "jaxfog.ops.agent", "jaxfog.ops"]),
+      "jaxfog.ops.process", "jaxfog.ops.window", "jaxfog.ops._agent", "jaxfog.ops"]),
     ("one program, any scale: simulated agents, a device mesh",
      ["jaxfog.mesh", "jaxfog.simulation.agents", "jaxfog.simulation"]),
     ("algorithms",
@@ -155,8 +158,8 @@ def test_every_module_imports_alone():
 def test_public_names_resolve_and_backends_implement_every_op():
     import jaxfog
     import jaxfog.ops
-    from jaxfog.ops import backends
-    from jaxfog.simulation.backend import SimulatedBackend
+    from jaxfog.ops import _backends as backends
+    from jaxfog.simulation._backend import SimulatedBackend
 
     for name in jaxfog.__all__:
         assert getattr(jaxfog, name) is not None, name
@@ -172,6 +175,57 @@ def test_public_names_resolve_and_backends_implement_every_op():
         assert not missing, f"{backend.__name__} lacks {sorted(missing)}"
 
 
+
+def _documented_objects() -> list:
+    """What docs/api.rst documents: the members of each ``automodule`` (those
+    listed, else its ``__all__``) and each ``autofunction``, ``autoclass``,
+    ``autoexception`` and ``autodata``."""
+    lines = (PACKAGE.parent / "docs" / "api.rst").read_text().splitlines()
+    current, found = "jaxfog", []
+    for number, line in enumerate(lines):
+        directive = re.fullmatch(r"\.\. (\w+):: (\S+)", line.strip())
+        if directive is None:
+            continue
+        kind, name = directive.groups()
+        if kind == "currentmodule":
+            current = name
+        elif kind == "automodule":
+            module = importlib.import_module(name)
+            members = next((option.split(":members:")[1] for option in lines[number + 1:number + 4]
+                            if ":members:" in option), "")
+            listed = [member.strip() for member in members.split(",") if member.strip()]
+            found += [getattr(module, member) for member in listed or module.__all__]
+        elif kind in ("autofunction", "autoclass", "autoexception", "autodata"):
+            module_name, _, attribute = (name if name.startswith("jaxfog")
+                                         else f"{current}.{name}").rpartition(".")
+            found.append(getattr(importlib.import_module(module_name), attribute))
+    return found
+
+
+def test_every_module_is_private_or_public_and_documented():
+    """The rule: a module whose dotted name has a part starting with ``_`` is
+    private (no user imports it). Every other module is public: it lists its
+    public names in ``__all__``, and docs/api.rst documents them, unless it is
+    a package, whose ``__init__`` gathers names from its modules."""
+    documented = {id(obj) for obj in _documented_objects()}
+    offenders = []
+    for module, path in _modules().items():
+        if any(part.startswith("_") for part in module.split(".")):
+            continue
+        tree = ast.parse(path.read_text())
+        if not any(isinstance(node, ast.Assign) and any(getattr(target, "id", None) == "__all__"
+                                                        for target in node.targets)
+                   for node in tree.body):
+            offenders.append(f"{module}: public, with no __all__")
+        elif path.name != "__init__.py":
+            public = importlib.import_module(module).__all__
+            missing = [name for name in public
+                       if id(getattr(importlib.import_module(module), name)) not in documented]
+            if missing:
+                offenders.append(f"{module}: {missing} are not in docs/api.rst (document "
+                                 "them, or underscore the module if no user imports it)")
+    assert not offenders, "\n".join(offenders)
+
 #: Modules that may ask which backend runs: the ops (where the backends live)
 #: and what sits below them (the runtime's queries, the simulation's context,
 #: the traffic counters), plus the simulation's entry point.
@@ -180,7 +234,7 @@ _MAY_ASK = ("jaxfog.ops", "jaxfog.simulation", "jaxfog.runtime", "jaxfog._contex
 
 def test_no_module_above_the_ops_branches_on_the_backend():
     """One program: what differs between backends is behind the Backend
-    protocol (jaxfog.ops.backends); no other module imports a backend or
+    protocol (jaxfog.ops._backends); no other module imports a backend or
     asks whether it runs on simulated agents."""
     offenders = []
     for module, path in _modules().items():
@@ -188,7 +242,7 @@ def test_no_module_above_the_ops_branches_on_the_backend():
             continue
         source = path.read_text()
         for name, line in _jaxfog_imports(ast.parse(source), module):
-            if name.startswith("jaxfog.ops.backends") or name == "jaxfog._context":
+            if name.startswith("jaxfog.ops._backends") or name == "jaxfog._context":
                 offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}")
         for number, text in enumerate(source.splitlines(), 1):
             if "_context.current(" in text or "_simulated(" in text or "_on_mpi(" in text:

@@ -20,7 +20,8 @@ C_API = {"jaxfog_register_mpi_comm", "jaxfog_release_comm", "jaxfog_timeline_sta
          "jaxfog_win_free", "jaxfog_win_query", "jaxfog_win_mutex", "jaxfog_traffic",
          "jaxfog_nccl_id_bytes", "jaxfog_nccl_load", "jaxfog_nccl_unique_id",
          "jaxfog_register_nccl_comm", "jaxfog_drop_nccl_comm", "jaxfog_cuda_device_uuid",
-         "jaxfog_watch_peers", "jaxfog_say_goodbye", "jaxfog_unwatch_peers"}
+         "jaxfog_watch_peers", "jaxfog_say_goodbye", "jaxfog_unwatch_peers",
+         "jaxfog_set_staging_keep_bytes"}
 
 
 def handler_symbols() -> set[str]:
@@ -28,7 +29,7 @@ def handler_symbols() -> set[str]:
     CPU buffers for the tests), plus the NCCL transport's handlers if built."""
     table = ffi.op_table().values()
     symbols = {spec.target + suffix for spec in table for suffix in ("", "_staged", "_host_staged")}
-    return symbols | (set(ffi.NCCL_TARGETS) if ffi.nccl_built() else set())
+    return symbols | (set(ffi.nccl_targets()) if ffi.nccl_built() else set())
 
 MESSAGE_OPS = {"neighbor_allreduce": 1, "neighbor_allgather": 2, "neighbor_reduce_scatter": 3,
                "allreduce": 4, "broadcast": 5, "allgather": 6}
@@ -76,7 +77,7 @@ def test_register_handlers_registers_every_target(monkeypatch):
     if ffi.cuda_built():  # the same names, bound to the host-staged CUDA handlers
         expected += [(t, "CUDA") for t in targets]
     if ffi.nccl_built():
-        expected += [(t, "CUDA") for t in ffi.NCCL_TARGETS]
+        expected += [(t, "CUDA") for t in ffi.nccl_targets()]
     assert sorted(registered) == sorted(expected)
 
 
@@ -92,3 +93,13 @@ def test_python_primitives_name_exactly_the_table_targets():
         importlib.import_module(f"jaxfog.ops.{family}")
 
     assert _primitive.TARGETS == {name: spec.target for name, spec in ffi.op_table().items()}
+
+
+def test_nccl_rules_cover_exactly_the_ops_with_an_nccl_handler():
+    """An op lowers to NCCL on GPU arrays through its rule in jaxfog.ops._nccl
+    (whose primitives _primitives registers that lowering for) and the NCCL
+    handler the op table names for it: the two lists agree."""
+    from jaxfog.ops import _nccl
+
+    table = ffi.op_table()
+    assert set(_nccl.RULES) == {name for name, spec in table.items() if spec.nccl_target}

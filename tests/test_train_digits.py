@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from test_examples_sim import EXAMPLES, _example
 
-from jaxfog.cli import launcher
+from jaxfog.cli import _launcher as launcher
 from jaxfog.testing import launch_environment, platforms, run_command
 
 SHORT = ["--epochs", "6", "--methods", "allreduce,atc,awc", "--graphs", "one-peer",

@@ -364,3 +364,6 @@ def low_rank(rank: int, *, vectors: Compressor | None = None) -> Compressor:
     name = f"low_rank({rank}{'' if vectors is None else ', vectors=' + vectors.name})"
     return Compressor(name, compress, decompress, False, lambda d: 0.0, lambda d: None,
                       warm_start=True, mergeable=False)
+
+
+__all__ = ["Compressor", "Payload", "identity", "low_rank", "qsgd", "rand_k", "sign", "top_k"]

@@ -147,3 +147,7 @@ def unstack(gathered: Payload, like: Payload) -> Payload:
     k = gathered.arrays[0].shape[0] // like.arrays[0].shape[0]
     return Payload(tuple(a.reshape(k, *b.shape) for a, b in zip(gathered.arrays, like.arrays)),
                    like.shape, like.dtype)
+
+
+__all__ = ["Groups", "balanced", "check_groups", "compress_groups", "compress_tree",
+           "decompress_tree", "merge", "per_leaf", "split", "tree_bytes", "unstack"]

@@ -149,3 +149,6 @@ def search(compressor: Compressor, tree: Tree, timer: Callable[[Groups], float] 
     if cache:
         _SEARCHES[signature] = result
     return result
+
+
+__all__ = ["SearchResult", "exchange_timer", "search"]

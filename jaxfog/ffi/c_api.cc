@@ -235,17 +235,19 @@ __attribute__((visibility("default"))) void jaxfog_xla_ffi_api_version(int* majo
   *minor = XLA_FFI_API_MINOR;
 }
 
-// The op table of ops.h as JSON, for the Python side:
-// [{"name": "rank", "code": 7, "target": "jaxfog_rank"}, ...].
+// The op table of ops.h as JSON, for the Python side: [{"name": "rank",
+// "code": 7, "target": "jaxfog_rank", "nccl_target": ""}, ...].
 __attribute__((visibility("default"))) const char* jaxfog_op_table() {
   static const std::string* json = [] {
     std::string text;
-    auto add = [&text](const char* name, jaxfog::OpCode code) {
+    auto add = [&text](const char* name, jaxfog::OpCode code, std::string nccl) {
       text += std::string(text.empty() ? "[" : ", ") + "{\"name\": \"" + name +
               "\", \"code\": " + std::to_string(static_cast<uint32_t>(code)) +
-              ", \"target\": \"jaxfog_" + name + "\"}";
+              ", \"target\": \"jaxfog_" + name + "\", \"nccl_target\": \"" +
+              (nccl.empty() ? "" : "jaxfog_nccl_" + nccl) + "\"}";
     };
-#define JAXFOG_OP_JSON(name, Camel, code, label) add(#name, jaxfog::OpCode::k##Camel);
+#define JAXFOG_OP_JSON(name, Camel, code, label, nccl) \
+  add(#name, jaxfog::OpCode::k##Camel, nccl);
     JAXFOG_OPS(JAXFOG_OP_JSON)
 #undef JAXFOG_OP_JSON
     return new std::string(text + "]");  // never freed: the pointer is handed out

@@ -9,12 +9,10 @@
 // Job, and hand the Job to the CommThread, returning its future.
 //
 // The handlers live by concern, each file specialising Handler for its ops:
-//   collective_handlers.cc  rank, size, barrier, fence, allreduce, broadcast,
-//                           allgather
-//   neighbor_handlers.cc    neighbor_allreduce, neighbor_allgather and its
-//                           transpose (neighbor_reduce_scatter)
-//   window_handlers.cc      win_put, win_accumulate, win_get, win_update,
-//                           win_state (one-sided windows)
+//   collective_handlers.cc  the process queries, barrier, fence and the
+//                           collectives over every rank of a communicator
+//   neighbor_handlers.cc    the exchanges with neighbours (and transposes)
+//   window_handlers.cc      one-sided windows
 //   handler_exports.cc      the exported symbols jaxfog_<name>, per op
 // (The NCCL transport's handlers, nccl_handlers.cc, share call.h, not this.)
 // Each of those .cc files keeps its message code and job factories in an
@@ -203,40 +201,22 @@ struct CudaStaged<op, R (*)(Args...)> {
 // The XLA FFI handlers of op `op` that handler_exports.cc exports: Call as
 // jaxfog_<name>, CallStaged as jaxfog_<name>_staged (CUDA buffers, staged
 // through the host) and CallHostStaged as jaxfog_<name>_host_staged (CPU
-// buffers through the staged path, for the tests). Declared below for every
-// op of the table, so that an op without its line here does not compile;
-// defined with JAXFOG_DEFINE_EXPORTS(Camel) in the .cc that specialises the
-// op's Handler, so that a line here without the definition does not link
-// (hidden: a shared library may not leave a hidden symbol undefined, while a
-// default one would be left for the loader to miss).
+// buffers through the staged path, for the tests). Declared here for every
+// op of the table; defined with JAXFOG_DEFINE_EXPORTS(Camel) in the .cc that
+// specialises the op's Handler, so that an op of the table without its
+// definition does not link (hidden: a shared library may not leave a hidden
+// symbol undefined, while a default one would be left for the loader to miss).
 template <OpCode op>
 struct Exports;
 
-#define JAXFOG_DECLARE_EXPORTS(Camel)                                      \
+#define JAXFOG_DECLARE_EXPORTS(name, Camel, code, label, nccl)             \
   template <>                                                              \
   struct __attribute__((visibility("hidden"))) Exports<OpCode::k##Camel> { \
     static XLA_FFI_Error* Call(XLA_FFI_CallFrame* frame);                  \
     static XLA_FFI_Error* CallStaged(XLA_FFI_CallFrame* frame);            \
     static XLA_FFI_Error* CallHostStaged(XLA_FFI_CallFrame* frame);        \
   };
-// collective_handlers.cc
-JAXFOG_DECLARE_EXPORTS(Rank)
-JAXFOG_DECLARE_EXPORTS(Size)
-JAXFOG_DECLARE_EXPORTS(Barrier)
-JAXFOG_DECLARE_EXPORTS(Fence)
-JAXFOG_DECLARE_EXPORTS(Allreduce)
-JAXFOG_DECLARE_EXPORTS(Broadcast)
-JAXFOG_DECLARE_EXPORTS(Allgather)
-// neighbor_handlers.cc
-JAXFOG_DECLARE_EXPORTS(NeighborAllreduce)
-JAXFOG_DECLARE_EXPORTS(NeighborAllgather)
-JAXFOG_DECLARE_EXPORTS(NeighborReduceScatter)
-// window_handlers.cc
-JAXFOG_DECLARE_EXPORTS(WinPut)
-JAXFOG_DECLARE_EXPORTS(WinAccumulate)
-JAXFOG_DECLARE_EXPORTS(WinUpdate)
-JAXFOG_DECLARE_EXPORTS(WinGet)
-JAXFOG_DECLARE_EXPORTS(WinState)
+JAXFOG_OPS(JAXFOG_DECLARE_EXPORTS)
 #undef JAXFOG_DECLARE_EXPORTS
 
 // XLA's handler of `Impl` (Handler<op>, or a staged form of it) called on

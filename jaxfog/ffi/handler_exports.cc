@@ -2,7 +2,7 @@
 // jaxfog_<name>, and its host-staged forms jaxfog_<name>_staged (CUDA
 // buffers) and jaxfog_<name>_host_staged (CPU buffers, for tests of the
 // staged path). Each forwards to the op's Exports (handler.h), defined where
-// its Handler is: an op of the table without them does not compile.
+// its Handler is: an op of the table without them does not link.
 #include "handler.h"
 #include "ops.h"
 #include "xla/ffi/api/c_api.h"
@@ -11,7 +11,7 @@ namespace jaxfog {
 
 // The library is built with hidden visibility; export just these (and c_api.cc's).
 #pragma GCC visibility push(default)
-#define JAXFOG_EXPORT_HANDLERS(name, Camel, code, label)                                      \
+#define JAXFOG_EXPORT_HANDLERS(name, Camel, code, label, nccl)                                \
   extern "C" XLA_FFI_Error* jaxfog_##name(XLA_FFI_CallFrame* frame) {                         \
     return Exports<OpCode::k##Camel>::Call(frame);                                            \
   }                                                                                           \

@@ -1,18 +1,15 @@
 #include "mpi_transport.h"
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
-#include <cstdio>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "dtype.h"
+#include "message_header.h"
 #include "mpi_status.h"
 #include "timeline.h"
 #include "traffic.h"
@@ -23,110 +20,6 @@ namespace {
 
 constexpr int kHeaderTag = 1;
 constexpr int kDataTag = 2;
-constexpr uint64_t kMagic = 0x6a6178666f67ull;  // "jaxfog"
-
-struct Header {
-  uint64_t magic;
-  uint64_t op;
-  uint64_t sequence;
-  uint64_t signature;
-  uint64_t bytes;
-  LayoutText layout;  // read only when the signatures or sizes differ
-};
-// Every message pays for it (comm_stats counts it as header_bytes).
-static_assert(sizeof(Header) == 128, "keep message headers small");
-
-bool SameLayout(const Header& a, const Header& b) {
-  return a.signature == b.signature && a.bytes == b.bytes;
-}
-
-// "rank 2", "ranks 0 and 2", "ranks 0, 2 and 3"; without `noun`, the numbers.
-std::string RankList(const std::vector<int>& ranks, bool noun = true) {
-  std::string text = !noun ? "" : ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) text += i + 1 == ranks.size() ? " and " : ", ";
-    text += std::to_string(ranks[i]);
-  }
-  return text;
-}
-
-// `ranks` in words, this rank (`self`) first: "this rank (1) and ranks 0 and 2".
-std::string Who(const std::vector<int>& ranks, int self, bool with_number) {
-  std::vector<int> others;
-  for (int r : ranks) {
-    if (r != self) others.push_back(r);
-  }
-  if (others.size() == ranks.size()) return RankList(others);
-  std::string text = "this rank";
-  if (with_number) text += " (" + std::to_string(self) + ")";
-  return others.empty() ? text : text + " and " + RankList(others);
-}
-
-// Why the layouts in `seen` (rank, header; this rank, `self`, among them)
-// differ: the ranks outside the strict majority layout when there is one,
-// then each layout with its ranks, the odd ones first. `neighbours`: `seen`
-// is this rank's neighbours, not every rank.
-std::string LayoutMismatch(int self, std::vector<std::pair<int, Header>> seen,
-                           bool neighbours) {
-  std::sort(seen.begin(), seen.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  struct Group {
-    const Header* header;
-    std::vector<int> ranks;
-    bool has_self;
-  };
-  std::vector<Group> groups;  // in order of their lowest rank: deterministic
-  for (const auto& [rank, header] : seen) {
-    auto group = std::find_if(groups.begin(), groups.end(),
-                              [&](const Group& g) { return SameLayout(*g.header, header); });
-    if (group == groups.end()) {
-      groups.push_back({&header, {}, false});
-      group = groups.end() - 1;
-    }
-    group->ranks.push_back(rank);
-    group->has_self |= rank == self;
-  }
-  const Group* majority = nullptr;  // none on a tie: nobody to blame
-  for (const Group& g : groups) {
-    if (!majority || g.ranks.size() > majority->ranks.size()) {
-      majority = &g;
-    } else if (g.ranks.size() == majority->ranks.size()) {
-      majority = nullptr;
-      break;
-    }
-  }
-  std::string text = "shapes or dtypes differ between ranks: ";
-  std::vector<const Group*> order;
-  for (bool first : {true, false}) {  // this rank's layout first, unless it is the majority's
-    for (const Group& g : groups) {
-      if (&g != majority && g.has_self == first) order.push_back(&g);
-    }
-  }
-  if (majority) {
-    std::vector<int> odd;
-    for (const Group* g : order) odd.insert(odd.end(), g->ranks.begin(), g->ranks.end());
-    std::sort(odd.begin(), odd.end());
-    if (odd == std::vector<int>{self}) {
-      text += "this rank differs from " +
-              (neighbours ? "its neighbours " + RankList(majority->ranks, false)
-                          : RankList(majority->ranks));
-    } else {
-      text += Who(odd, self, false) + (odd.size() == 1 ? " differs" : " differ") + " from " +
-              Who(majority->ranks, self, false);
-    }
-    text += ": ";
-    order.push_back(majority);
-  }
-  bool alike = false;  // a long layout cut where two differ only further on
-  for (size_t i = 0; i < order.size(); ++i) {
-    const std::string layout = order[i]->header->layout.str();
-    for (size_t j = 0; j < i; ++j) alike |= order[j]->header->layout.str() == layout;
-    text += (i ? "; " : "") + Who(order[i]->ranks, self, true) +
-            (order[i]->ranks.size() == 1 ? " has " : " have ") + layout;
-  }
-  if (alike) text += " (they differ in leaves past those shown)";
-  return text;
-}
 
 // MPI reduction ops for the 16-bit floats MPI has no type for (summed in float).
 void HalfSum(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -246,253 +139,6 @@ std::function<ffi::Error(const int*, int)> StreamArrivals(const Streaming& strea
   };
 }
 
-std::string Seconds(double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", seconds);
-  return text;
-}
-
-// The rank of an owner whose requests wait for every other rank of the
-// communicator (a collective).
-constexpr int kEveryone = -1;
-
-// MPI requests, owned until they complete. Owners say what the requests are
-// for, so that a timeout says which peers never answered and a long wait
-// knows which ranks it waits for: request i is for owners[min(i, last)]
-// (requests that all wait for the same ranks name them once).
-//
-// Destroying a set with requests still pending (an error path) abandons
-// them. Their receive buffers are about to be reused, so cancellations are
-// given up to a second to complete (a cancelled receive completes at once);
-// what is still pending after that (a send that cannot be cancelled) is
-// released to finish on its own. Declare a set after the buffers it uses.
-class RequestSet {
- public:
-  using Finished = std::function<ffi::Error(const int* indices, int count)>;
-  struct Owner {
-    std::string text;
-    int rank;  // in the communicator, or kEveryone
-  };
-
-  RequestSet() = default;
-  explicit RequestSet(std::string owner, int rank = kEveryone) {
-    owners_.push_back({std::move(owner), rank});
-  }
-  RequestSet(const RequestSet&) = delete;
-  RequestSet& operator=(const RequestSet&) = delete;
-  ~RequestSet();
-
-  // A null request to post into, for the last owner given.
-  MPI_Request* Add() { return &requests_.emplace_back(MPI_REQUEST_NULL); }
-  MPI_Request* Add(std::string owner, int rank) {
-    owners_.push_back({std::move(owner), rank});
-    return Add();
-  }
-  size_t size() const { return requests_.size(); }
-
-  // Completes every request (each becomes MPI_REQUEST_NULL), or fails once
-  // `scope.timeout_seconds` (> 0) have passed, or soon after a rank that a
-  // pending request waits for has left (with `scope.watch`). With
-  // `done_at`, it also records when each request completed (timeline::Now();
-  // for the timeline). `finished(indices, count)`, when given, runs as
-  // requests complete.
-  ffi::Error WaitAll(const WaitScope& scope, const std::string& what,
-                     std::vector<int64_t>* done_at = nullptr,
-                     const Finished& finished = nullptr);
-
- private:
-  using Clock = std::chrono::steady_clock;
-  // The owners of the requests still pending, in words ("rank 1, the header
-  // to rank 2").
-  std::string Waiting() const;
-  // The first rank a pending request waits for that has left, after a
-  // moment's grace for its last messages, as an error; success otherwise.
-  ffi::Error CheckDepartures(const WaitScope& scope, const std::string& what,
-                             Clock::time_point start) const;
-
-  std::vector<MPI_Request> requests_;
-  std::vector<Owner> owners_;
-};
-
-// MPI results are ignored here: a destructor has no one to tell, and the
-// error that brought us here is already on its way.
-RequestSet::~RequestSet() {
-  if (std::all_of(requests_.begin(), requests_.end(),
-                  [](MPI_Request r) { return r == MPI_REQUEST_NULL; })) {
-    return;  // completed (or never posted)
-  }
-  for (MPI_Request& request : requests_) {
-    if (request != MPI_REQUEST_NULL) MPI_Cancel(&request);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  int done = 0;
-  while (!done && std::chrono::steady_clock::now() < deadline) {
-    MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
-                MPI_STATUSES_IGNORE);
-  }
-  for (MPI_Request& request : requests_) {
-    if (request != MPI_REQUEST_NULL) MPI_Request_free(&request);
-  }
-}
-
-std::string RequestSet::Waiting() const {
-  std::string waiting;
-  for (size_t i = 0; i < requests_.size(); ++i) {
-    if (requests_[i] == MPI_REQUEST_NULL) continue;
-    const std::string& owner = owners_[std::min(i, owners_.size() - 1)].text;
-    if (waiting.find(owner) == std::string::npos) {
-      waiting += (waiting.empty() ? "" : ", ") + owner;
-    }
-  }
-  return waiting;
-}
-
-// Why `comm_rank` (world rank `world_rank`) left, as the sentence an error
-// shows: who, why, after which op on this communicator, and what it means
-// for this op (number `sequence`).
-std::string Departed(const WaitScope& scope, int comm_rank, int world_rank,
-                     const PeerWatch::Departure& departure, uint64_t sequence) {
-  std::string text = "rank " + std::to_string(comm_rank);
-  if (world_rank != comm_rank) text += " (world rank " + std::to_string(world_rank) + ")";
-  text += departure.reason == PeerWatch::Reason::kShutdown
-              ? " has left: it called jaxfog.shutdown()"
-              : " has left: its program ended (jaxfog.shutdown at exit)";
-  const PeerWatch::LastOp* last = nullptr;
-  for (const PeerWatch::LastOp& op : departure.last) {
-    if (op.comm_id == scope.comm_id) last = &op;
-  }
-  if (last == nullptr) return text + ", and this op waits for it";
-  text += last->sequence == 0
-              ? " before any op on this communicator"
-              : " after its op #" + std::to_string(last->sequence) + " (" + OpName(last->op) +
-                    ") on this communicator";
-  text += ", and this op waits for it";
-  if (last->sequence < sequence) {
-    text += ". It never called this op: an op called on some ranks only (under `if rank "
-            "== ...`?), or an error on that rank before it";
-  }
-  return text;
-}
-
-ffi::Error RequestSet::CheckDepartures(const WaitScope& scope, const std::string& what,
-                                       Clock::time_point start) const {
-  // A rank that left had completed its sends, but they may still be on the
-  // way (MPI orders no messages across communicators): fail only once they
-  // had this long to arrive since the goodbye came, or since this wait began.
-  constexpr auto kGrace = std::chrono::seconds(1);
-  JAXFOG_RETURN_IF_ERROR(scope.watch->Poll());
-  const Clock::time_point now = Clock::now();
-  auto check = [&](int comm_rank) -> ffi::Error {
-    if (comm_rank == scope.rank || comm_rank < 0 ||
-        static_cast<size_t>(comm_rank) >= scope.world_ranks.size()) {
-      return ffi::Error::Success();
-    }
-    const int world_rank = scope.world_ranks[comm_rank];
-    std::optional<PeerWatch::Departure> gone = scope.watch->Gone(world_rank);
-    if (!gone || now - std::max(gone->seen, start) < kGrace) return ffi::Error::Success();
-    return ffi::Error(ffi::ErrorCode::kUnavailable,
-                      what + ": " + Departed(scope, comm_rank, world_rank, *gone,
-                                             scope.sequence ? *scope.sequence : 0) +
-                          " (still waiting for " + Waiting() + ")");
-  };
-  bool everyone = false;
-  for (size_t i = 0; i < requests_.size(); ++i) {
-    if (requests_[i] == MPI_REQUEST_NULL) continue;
-    const int rank = owners_[std::min(i, owners_.size() - 1)].rank;
-    if (rank == kEveryone) {
-      everyone = true;
-    } else {
-      JAXFOG_RETURN_IF_ERROR(check(rank));
-    }
-  }
-  if (everyone) {
-    for (int rank = 0; rank < static_cast<int>(scope.world_ranks.size()); ++rank) {
-      JAXFOG_RETURN_IF_ERROR(check(rank));
-    }
-  }
-  return ffi::Error::Success();
-}
-
-ffi::Error RequestSet::WaitAll(const WaitScope& scope, const std::string& what,
-                               std::vector<int64_t>* done_at, const Finished& on_finished) {
-  const auto start = Clock::now();
-  // MPI makes progress only while polled, so keep polling; yield the core
-  // between polls (ranks may outnumber cores), and only sleep once a wait has
-  // lasted long enough that latency no longer matters.
-  constexpr double kSleepAfterSeconds = 0.05;
-  constexpr auto kPause = std::chrono::microseconds(100);
-  // A wait this long is no longer the common quick one: from then on it
-  // checks now and then whether a rank it waits for has left, and says what
-  // it waits for once JAXFOG_WARN_AFTER has passed.
-  constexpr double kWatchAfterSeconds = 0.25;
-  constexpr auto kWatchEvery = std::chrono::milliseconds(100);
-  Clock::time_point next_check = start;
-  bool warned = false;
-  const double timeout_seconds = scope.timeout_seconds;
-  // Testsome rather than Testall: it completes (and nulls) each request as it
-  // finishes, so we know which finished when, and a timeout names only the
-  // requests still pending.
-  const int n = static_cast<int>(requests_.size());
-  int pending = static_cast<int>(
-      std::count_if(requests_.begin(), requests_.end(),
-                    [](MPI_Request r) { return r != MPI_REQUEST_NULL; }));
-  int few[8];  // indices of finished requests; no allocation for the usual few
-  std::vector<int> many(requests_.size() > 8 ? requests_.size() : 0);
-  int* finished = many.empty() ? few : many.data();
-  if (done_at != nullptr) done_at->assign(requests_.size(), timeline::Now());
-  for (int polls = 0;; ++polls) {
-    if (pending == 0) return ffi::Error::Success();
-    int count = 0;
-    JAXFOG_RETURN_IF_MPI_ERROR(
-        MPI_Testsome(n, requests_.data(), &count, finished, MPI_STATUSES_IGNORE), what);
-    if (count == MPI_UNDEFINED) return ffi::Error::Success();  // none left active
-    if (count > 0) {
-      pending -= count;
-      if (done_at != nullptr) {
-        const int64_t now = timeline::Now();
-        for (int i = 0; i < count; ++i) (*done_at)[finished[i]] = now;
-      }
-      if (on_finished) JAXFOG_RETURN_IF_ERROR(on_finished(finished, count));
-      continue;  // poll again at once: more may have finished
-    }
-    if ((polls & 63) != 63) continue;  // the clock and the rest, now and then
-    const Clock::time_point now = Clock::now();
-    const double waited = std::chrono::duration<double>(now - start).count();
-    if (timeout_seconds > 0 && waited > timeout_seconds) {
-      return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
-                        what + " timed out after " + Seconds(timeout_seconds) +
-                            " s (JAXFOG_TIMEOUT) waiting for " + Waiting() +
-                            ": a peer died, or ranks called different operations or "
-                            "disagree on who sends to whom");
-    }
-    if (scope.watch != nullptr && waited > kWatchAfterSeconds && now >= next_check) {
-      next_check = now + kWatchEvery;
-      JAXFOG_RETURN_IF_ERROR(CheckDepartures(scope, what, start));
-      const double warn_after = scope.watch->warn_after_seconds();
-      if (!warned && warn_after > 0 && waited > warn_after) {
-        warned = true;  // once per wait: a stuck rank says where it is stuck
-        std::string rank = scope.world_ranks.empty() ||
-                                   scope.world_ranks[scope.rank] == scope.rank
-                               ? ""
-                               : " (world rank " + std::to_string(scope.world_ranks[scope.rank]) +
-                                     ")";
-        const std::string line =
-            what + rank + " is still waiting after " + Seconds(warn_after) +
-            " s (JAXFOG_WARN_AFTER) for " + Waiting() + "; it fails " +
-            (timeout_seconds > 0 ? "after " + Seconds(timeout_seconds) + " s" : "never") +
-            " (JAXFOG_TIMEOUT) unless they come\n";
-        std::fputs(line.c_str(), stderr);  // one write: ranks' lines stay whole
-        std::fflush(stderr);
-      }
-    }
-    if (waited > kSleepAfterSeconds) {
-      std::this_thread::sleep_for(kPause);
-    } else {
-      std::this_thread::yield();
-    }
-  }
-}
-
 }  // namespace
 
 MpiTransport::MpiTransport(MPI_Comm comm, double timeout_seconds, size_t max_message_bytes,
@@ -573,7 +219,7 @@ ffi::Error MpiTransport::CheckExchange(const OpInfo& info, const std::vector<Sen
 
 ffi::Error MpiTransport::CheckCollective(const OpInfo& info, uint64_t bytes) {
   Begin(info.op);
-  return Agree(info, bytes, Describe(info));
+  return Agree(comm_, rank_, size_, scope_, info, sequence_, bytes, Describe(info));
 }
 
 ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec>& sends,
@@ -606,8 +252,7 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
   }
   for (size_t i = 0; i < sends.size(); ++i) {
     const int peer = sends[i].peer;
-    out_headers[i] = {kMagic, static_cast<uint64_t>(info.op), sequence_, info.signature,
-                      TotalBytes(sends[i].pieces), info.layout};
+    out_headers[i] = MakeHeader(info, sequence_, TotalBytes(sends[i].pieces));
     JAXFOG_RETURN_IF_MPI_ERROR(
         MPI_Isend(&out_headers[i], sizeof(Header), MPI_BYTE, peer, kHeaderTag, comm_,
                   header_requests.Add("the header to rank " + std::to_string(peer), peer)),
@@ -642,33 +287,7 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
   // before any data of the wrong size is waited for.
   JAXFOG_RETURN_IF_ERROR(
       header_requests.WaitAll(scope_, what, timed ? &header_done : nullptr));
-  bool layouts_differ = false;
-  for (size_t i = 0; i < recvs.size(); ++i) {
-    const Header& got = in_headers[i];
-    std::string problem;
-    if (got.magic != kMagic) {
-      problem = "sent a message that is not from a jaxfog op";
-    } else if (got.op != static_cast<uint64_t>(info.op) || got.sequence != sequence_) {
-      problem = std::string("is in ") + OpName(static_cast<OpCode>(got.op)) + " (its op #" +
-                std::to_string(got.sequence) + "): ranks called different operations, or in "
-                "a different order";
-    }
-    if (!problem.empty()) {
-      return ffi::Error::InvalidArgument(what + ": rank " + std::to_string(recvs[i].peer) +
-                                         " " + problem);
-    }
-    layouts_differ |= got.bytes != TotalBytes(recvs[i].pieces) || got.signature != info.signature;
-  }
-  if (layouts_differ) {
-    // Every header this rank receives is in: judge by all of them, so that
-    // the rank that differs from the others is the one named.
-    std::vector<std::pair<int, Header>> seen;
-    seen.emplace_back(rank_, Header{kMagic, static_cast<uint64_t>(info.op), sequence_,
-                                    info.signature, TotalBytes(recvs[0].pieces), info.layout});
-    for (size_t i = 0; i < recvs.size(); ++i) seen.emplace_back(recvs[i].peer, in_headers[i]);
-    return ffi::Error::InvalidArgument(what + ": " + LayoutMismatch(rank_, std::move(seen),
-                                                                    /*neighbours=*/true));
-  }
+  JAXFOG_RETURN_IF_ERROR(CheckReceived(info, sequence_, rank_, recvs, in_headers, what));
   JAXFOG_RETURN_IF_ERROR(data_requests.WaitAll(
       scope_, what, timed ? &data_done : nullptr,
       streaming ? StreamArrivals(*streaming, recv_first, chunk_bytes) : RequestSet::Finished()));
@@ -692,46 +311,6 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
   for (const auto& [peer, at] : peer_done) timeline::Record("wait", peer, posted, at);
   return ffi::Error::Success();
 }
-
-ffi::Error MpiTransport::Agree(const OpInfo& info, uint64_t bytes, const std::string& what) {
-  timeline::Span span("agree");
-  // One MAX-allreduce of (x, -x) gives every rank both max and min of x.
-  constexpr int64_t kMask = INT64_MAX;
-  const int64_t mine[4] = {static_cast<int64_t>(info.op), static_cast<int64_t>(sequence_),
-                           static_cast<int64_t>(info.signature & kMask),
-                           static_cast<int64_t>(bytes)};
-  int64_t send[8], recv[8];
-  for (int i = 0; i < 4; ++i) {
-    send[i] = mine[i];
-    send[i + 4] = -mine[i];
-  }
-  RequestSet requests("the other ranks");
-  JAXFOG_RETURN_IF_MPI_ERROR(
-      MPI_Iallreduce(send, recv, 8, MPI_INT64_T, MPI_MAX, comm_, requests.Add()),
-      what + ": MPI_Iallreduce");
-  JAXFOG_RETURN_IF_ERROR(requests.WaitAll(scope_, what));
-  auto differs = [&](int i) { return recv[i] != -recv[i + 4]; };
-  if (differs(0) || differs(1)) {
-    return ffi::Error::InvalidArgument(
-        what + ": ranks called different operations, or in a different order");
-  }
-  if (!differs(2) && !differs(3)) return ffi::Error::Success();
-  // Every rank saw the same extremes, so all take this path together (no
-  // hang): one allgather of the headers, only here, names who differs.
-  const Header header{kMagic, static_cast<uint64_t>(info.op), sequence_, info.signature, bytes,
-                      info.layout};
-  std::vector<Header> headers(size_);
-  RequestSet gather("the other ranks");
-  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Iallgather(&header, sizeof(Header), MPI_BYTE, headers.data(),
-                                            sizeof(Header), MPI_BYTE, comm_, gather.Add()),
-                             what + ": MPI_Iallgather of the layouts");
-  JAXFOG_RETURN_IF_ERROR(gather.WaitAll(scope_, what));
-  std::vector<std::pair<int, Header>> seen;
-  for (int r = 0; r < size_; ++r) seen.emplace_back(r, headers[r]);
-  return ffi::Error::InvalidArgument(what + ": " + LayoutMismatch(rank_, std::move(seen),
-                                                                  /*neighbours=*/false));
-}
-
 ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out,
                                    size_t count, ffi::DataType type) {
   Begin(info.op);
@@ -741,7 +320,8 @@ ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out
     return ffi::Error::InvalidArgument(what + ": unsupported dtype " + DTypeName(type));
   }
   const size_t width = ffi::ByteWidth(type);
-  JAXFOG_RETURN_IF_ERROR(Agree(info, count * width, what));
+  JAXFOG_RETURN_IF_ERROR(
+      Agree(comm_, rank_, size_, scope_, info, sequence_, count * width, what));
   // What a bandwidth-optimal (ring) allreduce sends per rank.
   traffic::Add(info.op, 2 * (size_ - 1), static_cast<int64_t>(2 * (size_ - 1) * count * width /
                                                               std::max(size_, 1)));
@@ -765,7 +345,7 @@ ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out
 ffi::Error MpiTransport::Broadcast(const OpInfo& info, void* data, size_t bytes, int root) {
   Begin(info.op);
   const std::string what = Describe(info);
-  JAXFOG_RETURN_IF_ERROR(Agree(info, bytes, what));
+  JAXFOG_RETURN_IF_ERROR(Agree(comm_, rank_, size_, scope_, info, sequence_, bytes, what));
   const int64_t peers = rank_ == root ? size_ - 1 : 0;  // the root sends to every other rank
   traffic::Add(info.op, peers, peers * static_cast<int64_t>(bytes));
   timeline::Span span("MPI_Ibcast");
@@ -783,7 +363,7 @@ ffi::Error MpiTransport::Allgather(const OpInfo& info, const void* in, void* out
                                    size_t bytes) {
   Begin(info.op);
   const std::string what = Describe(info);
-  JAXFOG_RETURN_IF_ERROR(Agree(info, bytes, what));
+  JAXFOG_RETURN_IF_ERROR(Agree(comm_, rank_, size_, scope_, info, sequence_, bytes, what));
   if (bytes > max_message_bytes_) {
     return ffi::Error::InvalidArgument(
         what + ": " + std::to_string(bytes) + " bytes per rank is more than one MPI "

@@ -1,4 +1,6 @@
-// Transport over an MPI communicator duplicated by the Python runtime.
+// Transport over an MPI communicator duplicated by the Python runtime: every
+// message preceded by its header (message_header.h), every wait a RequestSet
+// (mpi_requests.h).
 #ifndef JAXFOG_FFI_MPI_TRANSPORT_H_
 #define JAXFOG_FFI_MPI_TRANSPORT_H_
 
@@ -9,21 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "mpi_requests.h"
 #include "peer_watch.h"
 #include "transport.h"
 
 namespace jaxfog {
-
-// What a wait needs besides its requests: its limit, and who the ranks of
-// its communicator are (to name them, and to check whether they have left).
-struct WaitScope {
-  double timeout_seconds = 0;   // JAXFOG_TIMEOUT; 0: forever
-  PeerWatch* watch = nullptr;   // null: no departure checks, no warning
-  std::vector<int> world_ranks;  // of each rank of the communicator (with a watch)
-  int64_t comm_id = 0;           // the runtime's id of the communicator
-  int rank = 0;                  // this rank in the communicator
-  const uint64_t* sequence = nullptr;  // the op number of the current op
-};
 
 class MpiTransport final : public Transport {
  public:
@@ -74,9 +66,6 @@ class MpiTransport final : public Transport {
   ffi::Error Messages(const OpInfo& info, const std::vector<SendSpec>& sends,
                       const std::vector<RecvSpec>& recvs, const Streaming* streaming,
                       bool with_data);
-  // Checks that all ranks agree on (op, sequence number, signature, bytes);
-  // on different layouts, the error names the ranks outside the majority.
-  ffi::Error Agree(const OpInfo& info, uint64_t bytes, const std::string& what);
   std::string Describe(const OpInfo& info) const;
 
   MPI_Comm comm_;

@@ -1,8 +1,10 @@
 // The NCCL transport's XLA FFI handlers, for CUDA buffers. They move data
-// only: the lowering (jaxfog/ops/nccl.py) leaves weighted sums, means and the
+// only: the lowering (jaxfog/ops/_nccl.py) leaves weighted sums, means and the
 // scaling of sends to XLA, which fuses them around the call. Not CUDA-graph
 // compatible (no traits): each call checks headers over MPI on the host. Each
-// records the op's timeline span (enqueueing, not the GPU's work).
+// records the op's timeline span (enqueueing, not the GPU's work). The op
+// table (ops.h) names the handler of each op NCCL serves; Python registers
+// those with XLA.
 #ifdef JAXFOG_WITH_NCCL
 #include <cuda_runtime_api.h>
 

@@ -1,38 +1,42 @@
-// The one table of jaxfog's ops: X(name, Camel, code, label) per op.
+// The one table of jaxfog's ops: X(name, Camel, code, label, nccl) per op.
 //
-// From it come OpCode, OpName, the exported XLA FFI handler jaxfog_<name>
+// From it come OpCode, OpName, the declarations of each op's Exports
+// (handler.h), the exported XLA FFI handler jaxfog_<name>
 // (handler_exports.cc, from the op's Handler<OpCode::k<Camel>> in the
-// *_handlers.cc of its concern: a table entry without its Exports in
-// handler.h does not compile) and the table Python reads (jaxfog_op_table in
+// *_handlers.cc of its concern: a table entry without its Exports defined
+// there does not link) and the table Python reads (jaxfog_op_table in
 // c_api.cc).
 // `code` travels in message headers: never renumber an op (1..6 are the
-// message ops). `label` is how errors and the timeline name the op.
+// message ops). `label` is how errors and the timeline name the op. `nccl`
+// names the NCCL transport's handler jaxfog_nccl_<nccl> (nccl_handlers.cc)
+// that moves the op's data on GPU buffers ("": host staging only); the
+// lowering that uses it is the op's rule in jaxfog/ops/_nccl.py.
 #ifndef JAXFOG_FFI_OPS_H_
 #define JAXFOG_FFI_OPS_H_
 
 #include <cstdint>
 
-#define JAXFOG_OPS(X)                                                                   \
-  X(rank, Rank, 7, "rank")                                                              \
-  X(size, Size, 8, "size")                                                              \
-  X(barrier, Barrier, 9, "barrier")                                                     \
-  X(fence, Fence, 10, "fence")                                                          \
-  X(neighbor_allreduce, NeighborAllreduce, 1, "neighbor_allreduce")                     \
-  X(neighbor_allgather, NeighborAllgather, 2, "neighbor_allgather")                     \
-  X(neighbor_reduce_scatter, NeighborReduceScatter, 3, "neighbor_allgather (transpose)") \
-  X(allreduce, Allreduce, 4, "allreduce")                                               \
-  X(broadcast, Broadcast, 5, "broadcast")                                               \
-  X(allgather, Allgather, 6, "allgather")                                               \
-  X(win_put, WinPut, 11, "win_put")                                                     \
-  X(win_accumulate, WinAccumulate, 12, "win_accumulate")                                \
-  X(win_update, WinUpdate, 13, "win_update")                                            \
-  X(win_get, WinGet, 14, "win_get")                                                     \
-  X(win_state, WinState, 15, "win_state")
+#define JAXFOG_OPS(X)                                                                                \
+  X(rank, Rank, 7, "rank", "")                                                                       \
+  X(size, Size, 8, "size", "")                                                                       \
+  X(barrier, Barrier, 9, "barrier", "")                                                              \
+  X(fence, Fence, 10, "fence", "")                                                                   \
+  X(neighbor_allreduce, NeighborAllreduce, 1, "neighbor_allreduce", "exchange")                      \
+  X(neighbor_allgather, NeighborAllgather, 2, "neighbor_allgather", "exchange")                      \
+  X(neighbor_reduce_scatter, NeighborReduceScatter, 3, "neighbor_allgather (transpose)", "exchange") \
+  X(allreduce, Allreduce, 4, "allreduce", "allreduce")                                               \
+  X(broadcast, Broadcast, 5, "broadcast", "broadcast")                                               \
+  X(allgather, Allgather, 6, "allgather", "allgather")                                               \
+  X(win_put, WinPut, 11, "win_put", "")                                                              \
+  X(win_accumulate, WinAccumulate, 12, "win_accumulate", "")                                         \
+  X(win_update, WinUpdate, 13, "win_update", "")                                                     \
+  X(win_get, WinGet, 14, "win_get", "")                                                              \
+  X(win_state, WinState, 15, "win_state", "")
 
 namespace jaxfog {
 
 enum class OpCode : uint32_t {
-#define JAXFOG_OP_ENUM(name, Camel, code, label) k##Camel = code,
+#define JAXFOG_OP_ENUM(name, Camel, code, label, nccl) k##Camel = code,
   JAXFOG_OPS(JAXFOG_OP_ENUM)
 #undef JAXFOG_OP_ENUM
 };
@@ -40,8 +44,8 @@ enum class OpCode : uint32_t {
 // A code used twice is a duplicate case here, so a compile error.
 inline const char* OpName(OpCode op) {
   switch (op) {
-#define JAXFOG_OP_CASE(name, Camel, code, label) \
-  case OpCode::k##Camel:                         \
+#define JAXFOG_OP_CASE(name, Camel, code, label, nccl) \
+  case OpCode::k##Camel:                               \
     return label;
     JAXFOG_OPS(JAXFOG_OP_CASE)
 #undef JAXFOG_OP_CASE

@@ -5,7 +5,7 @@
 // communicator) to every other rank, over a communicator of its own that
 // init() duplicated from COMM_WORLD; every rank keeps a receive posted for
 // goodbyes. A wait that has lasted a little polls it now and then
-// (RequestSet::WaitAll in mpi_transport.cc) and fails when a rank it waits
+// (RequestSet::WaitAll in mpi_requests.cc) and fails when a rank it waits
 // for has said goodbye. A rank killed outright says nothing: mpiexec tears
 // the job down then.
 #ifndef JAXFOG_FFI_PEER_WATCH_H_

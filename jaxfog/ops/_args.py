@@ -3,7 +3,7 @@
 A public op calls one function here. It checks what does not depend on the
 backend (types, sizes, options that exclude each other), with one message per
 mistake, and returns a NamedTuple that the backends read
-(``jaxfog.ops.backends``). Every backend takes every documented form of an
+(``jaxfog.ops._backends``). Every backend takes every documented form of an
 argument: this rank's view (a number, ``{rank: w}``, a list of ranks, a row
 of n weights) or the whole rank-indexed table (shape (n,) for a per-rank
 number, (n, n) or (n, k) for per-rank rows), of which each backend takes

@@ -134,7 +134,7 @@ def define(op: str, out_avals: Callable[..., list],
 
 #: The lowering of each communicating primitive shared by CPU and CUDA (where
 #: it runs the op with host staging), by primitive; the NCCL rules
-#: (``jaxfog.ops.nccl``) fall back to it.
+#: (``jaxfog.ops._nccl``) fall back to it.
 GENERIC_LOWERINGS: dict[jex_core.Primitive, Callable] = {}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxfog.ops import _args, backends
+from jaxfog.ops import _args, _backends
 
 
 def allreduce(x: Any, op: str = "mean", *, name: str | None = None) -> Any:
@@ -26,7 +26,7 @@ def allreduce(x: Any, op: str = "mean", *, name: str | None = None) -> Any:
 
         mean_loss = jaxfog.allreduce(loss)
     """
-    return backends.apply("allreduce", x, _args.allreduce(op=op, name=name))
+    return _backends.apply("allreduce", x, _args.allreduce(op=op, name=name))
 
 
 def broadcast(x: Any, root: int = 0, *, name: str | None = None) -> Any:
@@ -44,7 +44,7 @@ def broadcast(x: Any, root: int = 0, *, name: str | None = None) -> Any:
 
         params = jaxfog.broadcast(params, root=0)  # same initial model everywhere
     """
-    return backends.apply("broadcast", x, _args.broadcast(root=root, name=name))
+    return _backends.apply("broadcast", x, _args.broadcast(root=root, name=name))
 
 
 def allgather(x: Any, *, name: str | None = None) -> Any:
@@ -62,4 +62,7 @@ def allgather(x: Any, *, name: str | None = None) -> Any:
 
         everyone = jaxfog.allgather(jnp.array([float(jaxfog.rank())]))  # [0., 1., ...]
     """
-    return backends.apply("allgather", x, _args.allgather(name=name))
+    return _backends.apply("allgather", x, _args.allgather(name=name))
+
+
+__all__ = ["allgather", "allreduce", "broadcast"]

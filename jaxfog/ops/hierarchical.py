@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from jaxfog.ops import _args, backends
+from jaxfog.ops import _args, _backends
 
 
 def hierarchical_neighbor_allreduce(
@@ -52,4 +52,7 @@ def hierarchical_neighbor_allreduce(
     args = _args.hierarchical_neighbor_allreduce(
         self_weight=self_weight, src_machine_weights=src_machine_weights,
         dst_machine_weights=dst_machine_weights, name=name)
-    return backends.apply("hierarchical_neighbor_allreduce", x, args)
+    return _backends.apply("hierarchical_neighbor_allreduce", x, args)
+
+
+__all__ = ["hierarchical_neighbor_allreduce"]

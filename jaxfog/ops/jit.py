@@ -235,3 +235,6 @@ def jit(fn: Callable | None = None, /, **jit_kwargs: Any) -> Any:
     if fn is None:
         return functools.partial(jit, **jit_kwargs)
     return Jitted(V.function("jaxfog.jit", "fn", fn), jit_kwargs)
+
+
+__all__ = ["jit"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from jaxfog import topology as T
-from jaxfog.ops import _args, backends
+from jaxfog.ops import _args, _backends
 
 
 def neighbor_allreduce(x: Any, *, self_weight: float | None = None,
@@ -85,7 +85,7 @@ def neighbor_allreduce(x: Any, *, self_weight: float | None = None,
     args = _args.neighbor_allreduce(self_weight=self_weight, src_weights=src_weights,
                                     dst_weights=dst_weights, topology=topology, step=step,
                                     check_topology=check_topology, name=name)
-    return backends.apply("neighbor_allreduce", x, args)
+    return _backends.apply("neighbor_allreduce", x, args)
 
 
 def neighbor_allgather(x: Any, *, src_ranks: Sequence[int] | None = None,
@@ -119,7 +119,7 @@ def neighbor_allgather(x: Any, *, src_ranks: Sequence[int] | None = None,
         # on rank i: the ranks of its in-neighbours, as floats
     """
     args = _args.neighbor_allgather(src_ranks=src_ranks, dst_ranks=dst_ranks, name=name)
-    return backends.apply("neighbor_allgather", x, args)
+    return _backends.apply("neighbor_allgather", x, args)
 
 
 def pair_gossip(x: Any, peer: Any, *, name: str | None = None) -> Any:
@@ -144,4 +144,7 @@ def pair_gossip(x: Any, peer: Any, *, name: str | None = None) -> Any:
       The pair's mean, with ``x``'s structure.
     """
     args = _args.pair_gossip(peer, name=name)
-    return backends.apply("pair_gossip", x, args)
+    return _backends.apply("pair_gossip", x, args)
+
+
+__all__ = ["neighbor_allgather", "neighbor_allreduce", "pair_gossip"]

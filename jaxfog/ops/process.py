@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxfog import runtime
-from jaxfog.ops import backends
+from jaxfog.ops import _backends
+from jaxfog.ops._backends import mpi
 from jaxfog.ops._primitive import target
-from jaxfog.ops.backends import mpi
 
 # Queries without communication: plain (effect-free) FFI calls.
 _RANK, _SIZE = target("rank"), target("size")
@@ -40,4 +40,7 @@ def barrier() -> None:
     seconds. Inside :func:`jaxfog.simulate` it does nothing (the agents run in
     lockstep).
     """
-    backends.current().barrier()
+    _backends.current().barrier()
+
+
+__all__ = ["barrier", "comm_rank", "comm_size"]

@@ -58,7 +58,7 @@ from typing import Any, ContextManager, Mapping, Sequence
 
 import jax
 
-from jaxfog.ops import _args, backends
+from jaxfog.ops import _args, _backends
 
 Weights = Mapping[int, float] | Sequence[int] | Any  # a dict, a list of ranks or n weights
 
@@ -89,7 +89,7 @@ def win_create(x: Any, name: str, *, zero_init: bool = False, with_weight: bool 
     args = _args.win_create(name=name, zero_init=zero_init, with_weight=with_weight,
                             src_ranks=src_ranks)
     leaves, treedef = _args.leaves("win_create", x)
-    return backends.current().win_create(leaves, treedef, args)
+    return _backends.current().win_create(leaves, treedef, args)
 
 
 def win_free(name: str | None = None) -> bool:
@@ -97,7 +97,7 @@ def win_free(name: str | None = None) -> bool:
     dispatched have finished; collective."""
     if name is not None:
         name = _args._window_name(name, "win_free")
-    return backends.current().win_free(name)
+    return _backends.current().win_free(name)
 
 
 def _put(x: Any, name: str, self_weight: Any, dst_weights: Any, require_mutex: bool,
@@ -105,7 +105,7 @@ def _put(x: Any, name: str, self_weight: Any, dst_weights: Any, require_mutex: b
     args = _args.win_put(name=name, self_weight=self_weight, dst_weights=dst_weights,
                          require_mutex=require_mutex, accumulate=accumulate)
     leaves, treedef = _args.leaves(args.what, x)
-    return jax.tree.unflatten(treedef, backends.current().win_put(leaves, treedef, args))
+    return jax.tree.unflatten(treedef, _backends.current().win_put(leaves, treedef, args))
 
 
 def win_put(x: Any, name: str, *, self_weight: float | None = None,
@@ -159,7 +159,7 @@ def win_get(name: str, *, src_weights: Weights | None = None,
       True (the slots change; read them with :func:`win_update`).
     """
     args = _args.win_get(name=name, src_weights=src_weights, require_mutex=require_mutex)
-    return backends.current().win_get(args)
+    return _backends.current().win_get(args)
 
 
 def win_update(x: Any, name: str, *, self_weight: float | None = None,
@@ -185,7 +185,7 @@ def win_update(x: Any, name: str, *, self_weight: float | None = None,
     args = _args.win_update(name=name, self_weight=self_weight, src_weights=src_weights,
                             reset=reset, require_mutex=require_mutex)
     leaves, treedef = _args.leaves(args.what, x)
-    return jax.tree.unflatten(treedef, backends.current().win_update(leaves, treedef, args))
+    return jax.tree.unflatten(treedef, _backends.current().win_update(leaves, treedef, args))
 
 
 def win_update_then_collect(x: Any, name: str, *, require_mutex: bool = True) -> Any:
@@ -198,7 +198,7 @@ def win_update_then_collect(x: Any, name: str, *, require_mutex: bool = True) ->
     args = _args.win_update(name=name, self_weight=1.0, src_weights=None, reset=True,
                             require_mutex=require_mutex, collect=True)
     leaves, treedef = _args.leaves(args.what, x)
-    return jax.tree.unflatten(treedef, backends.current().win_update(leaves, treedef, args))
+    return jax.tree.unflatten(treedef, _backends.current().win_update(leaves, treedef, args))
 
 
 def win_mutex(name: str, ranks: Sequence[int] | None = None) -> ContextManager[None]:
@@ -211,7 +211,7 @@ def win_mutex(name: str, ranks: Sequence[int] | None = None) -> ContextManager[N
     deadlock between ranks contending for overlapping sets) and give up with
     an error after ``JAXFOG_TIMEOUT``.
     """
-    return backends.current().win_mutex(_args._window_name(name, "win_mutex"),
+    return _backends.current().win_mutex(_args._window_name(name, "win_mutex"),
                                         _args.win_mutex_ranks(ranks))
 
 
@@ -221,7 +221,7 @@ def win_version(name: str) -> dict[int, int]:
     Eager on MPI (it waits for the dispatched ops); in the simulation a
     traced count per rank (0 where this agent holds no slot).
     """
-    return backends.current().win_version(_args._window_name(name, "win_version"))
+    return _backends.current().win_version(_args._window_name(name, "win_version"))
 
 
 def win_weight(name: str) -> Any:
@@ -230,7 +230,7 @@ def win_weight(name: str) -> Any:
     Eager on MPI (a float, after the dispatched ops); traced in the
     simulation.
     """
-    return backends.current().win_weight(_args._window_name(name, "win_weight"))
+    return _backends.current().win_weight(_args._window_name(name, "win_weight"))
 
 
 __all__ = ["win_accumulate", "win_create", "win_free", "win_get", "win_mutex", "win_put",

@@ -233,3 +233,6 @@ def beer(learning_rate: float | optax.Schedule, *, compressor: C.Compressor, gam
                 BeerState(v, g, public_x, public_v, state.key, state.count + 1))
 
     return optax.GradientTransformationExtraArgs(init, update)
+
+
+__all__ = ["BeerState", "ChocoState", "beer", "choco"]

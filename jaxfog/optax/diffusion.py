@@ -368,3 +368,6 @@ def gradient_allreduce(inner: optax.GradientTransformation, *,
         return u, ErrorFeedbackState(inner_state, residual, state.key, state.count + 1)
 
     return optax.GradientTransformationExtraArgs(init, update_compressed)
+
+
+__all__ = ["DiffusionState", "atc", "awc", "gradient_allreduce"]

@@ -232,3 +232,6 @@ def exact_diffusion(learning_rate: float | optax.Schedule, *, topology: Any = No
         return sub(x, params), ExactDiffusionState(psi, state.count + 1)
 
     return optax.GradientTransformationExtraArgs(init, update)
+
+
+__all__ = ["ExactDiffusionState", "TrackingState", "exact_diffusion", "gradient_tracking"]

@@ -552,3 +552,7 @@ def noloco(inner: optax.GradientTransformation, *, every: int,
 
 for _cls in (LocalSGDState, DiLoCoState, NoLoCoState):
     _cls.__module__ = "jaxfog.optax"  # documented (and exported) there
+
+
+__all__ = ["DiLoCoState", "LocalSGDState", "NoLoCoState", "diloco", "local_sgd", "noloco",
+           "random_pairs"]

@@ -407,3 +407,7 @@ def push_diging(learning_rate: float | optax.Schedule, *, topology: Any = None
         return sub(x, params), PushDigingState(numerator, weight, y, grads, state.count + 1)
 
     return optax.GradientTransformationExtraArgs(init, update)
+
+
+__all__ = ["AsyncPushSumState", "PushDigingState", "PushSumState", "async_push_sum",
+           "column_stochastic", "mass_dtype", "min_push_weight", "push_diging", "push_sum"]

@@ -2,7 +2,7 @@
 
 :func:`simulate`, :class:`Delays`, :class:`Agents` and :func:`reset_clocks` live
 in :mod:`jaxfog.simulation.agents` (the front end); the backend the ops run on
-while a simulation traces is :mod:`jaxfog.simulation.backend`, with its windows
+while a simulation traces is :mod:`jaxfog.simulation._backend`, with its windows
 and simulated clocks beside it.
 """
 

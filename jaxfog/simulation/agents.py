@@ -4,7 +4,7 @@
 leading agent axis of size n. It vmaps ``fn`` over that axis with a name;
 while ``fn`` is traced, ``jaxfog.rank()`` is the (traced) agent index,
 ``jaxfog.size()`` is n, and every jaxfog op runs on the simulation backend
-(``jaxfog.simulation.backend``): ``lax`` collectives over the named
+(``jaxfog.simulation._backend``): ``lax`` collectives over the named
 axis, no FFI, no MPI. :class:`Agents` picks MPI processes or simulated agents
 for a whole script.
 """
@@ -27,8 +27,8 @@ from jaxfog import mesh as agents_mesh
 from jaxfog import topology as T
 from jaxfog.ops import allgather, allreduce
 from jaxfog.ops.jit import jit
-from jaxfog.simulation import clock, windows
-from jaxfog.simulation.backend import SimulatedBackend
+from jaxfog.simulation import _clock, _windows
+from jaxfog.simulation._backend import SimulatedBackend
 
 #: Name of the vmapped agent axis (override with ``simulate(axis_name=...)``).
 AGENT_AXIS = "jaxfog_agents"
@@ -83,7 +83,7 @@ class Delays(NamedTuple):
         message = np.random.default_rng(seed).uniform(low, high, (n, n))
         return cls(message=message, seed=seed, **kwargs)
 
-    def _resolve(self, n: int) -> clock.Timing:
+    def _resolve(self, n: int) -> _clock.Timing:
         """The model for ``n`` agents (checked)."""
         what = "jaxfog.Delays"
         arrays = {}
@@ -114,7 +114,7 @@ class Delays(NamedTuple):
             fastest = compute.min() * (1 - jitter)
             queue = int(math.ceil(message.max() / fastest)) + 2
         queue = V.integer(what, "queue", queue, minimum=1)
-        return clock.Timing(compute, message, jitter, seed, queue)
+        return _clock.Timing(compute, message, jitter, seed, queue)
 
 
 def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
@@ -218,16 +218,16 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
     def run_vmapped(*args, **kwargs):
         # The windows that exist go in as this call's references (one view per
         # agent); the ones it creates come out as stacked states, kept after.
-        refs = windows.kept_refs()
-        clocks = None if timing is None else clock.kept(n)
+        refs = _windows.kept_refs()
+        clocks = None if timing is None else _clock.kept(n)
         sessions = []
 
         def per_agent(refs, now, *args, **kwargs):
-            with _context.simulating(simulation), windows.bound(refs) as session, \
-                    clock.bound(timing, now):
+            with _context.simulating(simulation), _windows.bound(refs) as session, \
+                    _clock.bound(timing, now):
                 out = fn(*args, **kwargs)
             sessions.append(session)
-            return out, windows.created_states(session)
+            return out, _windows.created_states(session)
 
         axes = (0, 0, *in_axes) if isinstance(in_axes, (tuple, list)) else (
             (0, 0) + (in_axes,) * len(args))
@@ -236,7 +236,7 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
                                 axis_name=axis_name, axis_size=n)(refs, clocks, *args,
                                                                   **kwargs)
         session = sessions[-1]
-        windows.keep({name: session.windows[name].spec for name in created}, created,
+        _windows.keep({name: session.windows[name].spec for name in created}, created,
                      session.freed)
         return out
 
@@ -280,22 +280,22 @@ def _on_mesh(fn: Callable, mesh: Any, simulation: _context.Simulation, timing: A
         args = tuple(agents_mesh.place(arg, mesh, spec if a == 0 else whole, f"argument {i}")
                      for i, (arg, a) in enumerate(zip(args, axes)))
         kwargs = agents_mesh.place(kwargs, mesh, spec, "a keyword argument")
-        with clock.placed(NamedSharding(mesh, spec)):
+        with _clock.placed(NamedSharding(mesh, spec)):
             return call(axes, *args, **kwargs)
 
     def call(axes, *args, **kwargs):
-        refs = windows.kept_refs()
-        clocks = None if timing is None else clock.kept(n)
+        refs = _windows.kept_refs()
+        clocks = None if timing is None else _clock.kept(n)
         values = agents_mesh.place(jax.tree.map(lambda r: r[...], (refs, clocks)), mesh, spec,
                                    "a window")
         sessions = []
 
         def per_agent(refs, now, kwargs, *args):
-            with _context.simulating(simulation), windows.bound(refs) as session, \
-                    clock.bound(timing, now):
+            with _context.simulating(simulation), _windows.bound(refs) as session, \
+                    _clock.bound(timing, now):
                 out = fn(*args, **kwargs)
             sessions.append(session)
-            return out, windows.created_states(session)
+            return out, _windows.created_states(session)
 
         def per_device(values, kwargs, *args):  # this device's agents, vmapped
             refs, now = jax.tree.map(jax.new_ref, values)
@@ -311,7 +311,7 @@ def _on_mesh(fn: Callable, mesh: Any, simulation: _context.Simulation, timing: A
             **({"axis_names": frozenset({axis})} if extra_axes else {}))
         out, created, finals = mapped(values, kwargs, *args)
         jax.tree.map(lambda r, v: r.__setitem__(Ellipsis, v), (refs, clocks), finals)
-        windows.keep({name: sessions[-1].windows[name].spec for name in created}, created,
+        _windows.keep({name: sessions[-1].windows[name].spec for name in created}, created,
                      sessions[-1].freed)
         return out
 
@@ -339,7 +339,7 @@ def _check_agent_axes(args: tuple, axes: tuple, n: int, given: Any) -> None:
 
 def reset_clocks() -> None:
     """Sets the simulated agents' clocks (``simulate(..., delays=...)``) back to 0."""
-    clock.reset()
+    _clock.reset()
 
 
 def _inexact(value: Any) -> jax.Array:
@@ -483,3 +483,6 @@ class Agents:
         else:
             means = [np.asarray(v) for v in allreduce([_inexact(v) for v in leaves])]
         return jax.tree.unflatten(treedef, means)
+
+
+__all__ = ["AGENT_AXIS", "INNER_AXIS", "Agents", "Delays", "reset_clocks", "simulate"]

@@ -14,7 +14,7 @@ is trivially held. An agent's window state is
   passes their arrival time (a full FIFO delivers its oldest message early).
 
 Under ``delays`` only the agents that take the current step act
-(:func:`jaxfog.simulation.clock.active`): the others' puts are
+(:func:`jaxfog.simulation._clock.active`): the others' puts are
 not sent and their window state does not change.
 
 kept in ``jax.Ref`` s, so that ops inside ``lax.scan``, ``fori_loop`` and
@@ -45,8 +45,8 @@ from jaxfog import _context
 from jaxfog import topology as T
 from jaxfog.errors import BackendError
 from jaxfog.ops import _args, _primitive
-from jaxfog.ops.backends import _numerics, _window_spec
-from jaxfog.simulation import clock as _clock
+from jaxfog.ops._backends import _numerics, _window_spec
+from jaxfog.simulation import _clock
 
 
 @dataclasses.dataclass
@@ -128,7 +128,7 @@ def store(states: dict[str, dict]) -> None:
 @contextlib.contextmanager
 def local_refs(states: dict[str, dict]) -> Iterator[Callable[[], dict[str, dict]]]:
     """Inside a loop body: the windows hold ``states`` in boxes
-    (:class:`~jaxfog.simulation.clock.Box`); yields a function
+    (:class:`~jaxfog.simulation._clock.Box`); yields a function
     that reads them back."""
     windows = _session("run").windows
     outer = {name: windows[name].refs for name in states}

@@ -28,10 +28,11 @@ from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 
 from jaxfog import runtime
-from jaxfog.ops import _plan, nccl
+from jaxfog.ops import _nccl, _plan
 from jaxfog.ops.jit import jit
-from jaxfog.ops._primitive import (comm_effect, define, linear_jvp, linear_transpose,
-                                   lower_comm_call, message, register_lowering, target)
+from jaxfog.ops._primitive import (GENERIC_LOWERINGS, comm_effect, define, linear_jvp,
+                                   linear_transpose, lower_comm_call, message,
+                                   register_lowering, target)
 
 
 def _same_avals(*avals, **params) -> list:
@@ -292,8 +293,9 @@ for _prim in (win_put_p, win_accumulate_p, win_update_p):
     ad.primitive_jvps[_prim] = _not_differentiable(_prim)
 
 
-# On CUDA with the NCCL transport up, these lower to NCCL (jaxfog.ops.nccl);
-# otherwise, and for every other primitive, to the host-staged custom call.
-for _prim in (neighbor_allreduce_p, neighbor_allgather_p, neighbor_reduce_scatter_p,
-              allreduce_p, broadcast_p, allgather_p):
-    mlir.register_lowering(_prim, nccl.lowering, platform="cuda")
+# On CUDA with the NCCL transport up, the primitives jaxfog.ops._nccl has a
+# rule for lower to NCCL; otherwise, and every other primitive, to the
+# host-staged custom call.
+for _prim in GENERIC_LOWERINGS:
+    if _prim.name.removeprefix("jaxfog_") in _nccl.RULES:
+        mlir.register_lowering(_prim, _nccl.lowering, platform="cuda")

@@ -31,11 +31,8 @@ from jax import core
 from jax.interpreters import mlir
 
 from jaxfog import ffi, runtime
-from jaxfog.ffi import nccl_setup
+from jaxfog.ffi import _nccl_setup
 from jaxfog.ops._primitive import GENERIC_LOWERINGS, lower_comm_call, message
-
-EXCHANGE, ALLREDUCE, BROADCAST, ALLGATHER = ffi.NCCL_TARGETS
-
 
 def active(comm_id: int) -> bool:
     """Whether ops on communicator ``comm_id`` lower to NCCL (the world
@@ -50,11 +47,12 @@ def _apply(ctx, fn: Callable, values: Sequence, avals_in: Sequence, avals_out: S
     return mlir.lower_fun(fn, multiple_results=True)(sub, *values)
 
 
-def _call(ctx, target: str, values: Sequence, avals_in: Sequence, avals_out: Sequence,
+def _call(ctx, op: str, values: Sequence, avals_in: Sequence, avals_out: Sequence,
           attributes: dict) -> list:
-    """The NCCL custom call on ``values``, in order with every other op."""
+    """The custom call to ``op``'s NCCL handler (the op table's) on ``values``,
+    in order with every other op."""
     sub = ctx.replace(avals_in=tuple(avals_in), avals_out=tuple(avals_out), tokens_out=None)
-    results = lower_comm_call(sub, target, values, attributes)
+    results = lower_comm_call(sub, ffi.op_table()[op].nccl_target, values, attributes)
     ctx.set_tokens_out(sub.tokens_out)
     return results
 
@@ -75,12 +73,12 @@ def _exchange(ctx, values, avals, *, op: str, send_ranks, recv_ranks, stacked: b
     and errors name it."""
     blocks = [_shaped(s, a.dtype) for s, a in zip(block_shapes, avals)]
     outs = [_shaped((len(recv_ranks), *s), a.dtype) for s, a in zip(block_shapes, avals)]
-    attributes = {"comm_id": nccl_setup.NCCL_COMM_ID,
+    attributes = {"comm_id": _nccl_setup.NCCL_COMM_ID,
                   **message(f"nccl_{op}", blocks),
                   "send_ranks": np.array(send_ranks, np.int64),
                   "recv_ranks": np.array(recv_ranks, np.int64), "stacked": stacked,
                   "op": ffi.op_table()[op].code}
-    return _call(ctx, EXCHANGE, values, avals, outs, attributes), outs
+    return _call(ctx, op, values, avals, outs, attributes), outs
 
 
 def _weighted(blocks, weights):
@@ -153,9 +151,9 @@ def _allreduce(ctx, *xs, mean, comm_id):
     if (mean and _integer(ctx.avals_in)) or any(
             jnp.issubdtype(a.dtype, jnp.complexfloating) for a in ctx.avals_in):
         return None
-    attributes = {"comm_id": nccl_setup.NCCL_COMM_ID,
+    attributes = {"comm_id": _nccl_setup.NCCL_COMM_ID,
                   **message("allreduce", ctx.avals_in)}
-    sums = _call(ctx, ALLREDUCE, xs, ctx.avals_in, ctx.avals_out, attributes)
+    sums = _call(ctx, "allreduce", xs, ctx.avals_in, ctx.avals_out, attributes)
     if not mean:
         return sums
     scale = 1.0 / runtime.size()
@@ -164,20 +162,21 @@ def _allreduce(ctx, *xs, mean, comm_id):
 
 
 def _broadcast(ctx, *xs, root, comm_id):
-    attributes = {"comm_id": nccl_setup.NCCL_COMM_ID, "root": root,
+    attributes = {"comm_id": _nccl_setup.NCCL_COMM_ID, "root": root,
                   **message("broadcast", ctx.avals_in)}
-    return _call(ctx, BROADCAST, xs, ctx.avals_in, ctx.avals_out, attributes)
+    return _call(ctx, "broadcast", xs, ctx.avals_in, ctx.avals_out, attributes)
 
 
 def _allgather(ctx, *xs, size, comm_id):
-    attributes = {"comm_id": nccl_setup.NCCL_COMM_ID,
+    attributes = {"comm_id": _nccl_setup.NCCL_COMM_ID,
                   **message("allgather", ctx.avals_in)}
-    return _call(ctx, ALLGATHER, xs, ctx.avals_in, ctx.avals_out, attributes)
+    return _call(ctx, "allgather", xs, ctx.avals_in, ctx.avals_out, attributes)
 
 
-#: The NCCL rule of each op NCCL covers; a rule returns None for the cases it
-#: leaves to the host-staged call.
-_RULES: dict[str, Callable] = {
+#: The NCCL rule of each op NCCL covers (those with an NCCL handler in the op
+#: table, jaxfog/ffi/ops.h; _primitives registers this lowering for them); a
+#: rule returns None for the cases it leaves to the host-staged call.
+RULES: dict[str, Callable] = {
     "neighbor_allreduce": _neighbor_allreduce, "neighbor_allgather": _neighbor_allgather,
     "neighbor_reduce_scatter": _neighbor_reduce_scatter, "allreduce": _allreduce,
     "broadcast": _broadcast, "allgather": _allgather}
@@ -187,7 +186,7 @@ def lowering(ctx, *args, comm_id, **params):
     """The CUDA lowering of the primitives NCCL covers: NCCL where
     :func:`active` and the rule covers the case, else the generic lowering."""
     if active(comm_id):
-        rule = _RULES[ctx.primitive.name.removeprefix("jaxfog_")]
+        rule = RULES[ctx.primitive.name.removeprefix("jaxfog_")]
         results = rule(ctx, *args, comm_id=comm_id, **params)
         if results is not None:
             return results

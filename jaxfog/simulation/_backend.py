@@ -34,9 +34,8 @@ from jax import lax
 from jaxfog import _context
 from jaxfog import topology as T
 from jaxfog.ops import _args, _plan
-from jaxfog.ops.backends import _numerics
-from jaxfog.simulation import clock as _clock
-from jaxfog.simulation import windows as _windows
+from jaxfog.ops._backends import _numerics
+from jaxfog.simulation import _clock, _windows
 
 
 def _mix_leaf(x, w: np.ndarray, sim: _context.Simulation, self_weight: Any = None):
@@ -351,7 +350,7 @@ class SimulatedBackend:
         """Simulated agents run in lockstep: only their clocks wait."""
         _clock.synchronize()
 
-    # One-sided windows: JAX references, immediate delivery (simulation/windows.py).
+    # One-sided windows: JAX references, immediate delivery (simulation/_windows.py).
     def win_create(self, leaves: list, treedef: Any, args: _args.WinCreate) -> bool:
         return _windows.win_create(self.sim, leaves, treedef, args)
 
@@ -371,7 +370,7 @@ class SimulatedBackend:
     win_weight = staticmethod(_windows.win_weight)
     win_mutex = staticmethod(_windows.win_mutex)
 
-    # An agent's training loop (jaxfog.ops.agent): simulated time, traced steps.
+    # An agent's training loop (jaxfog.ops._agent): simulated time, traced steps.
     def now(self) -> Any:
         return _clock.now()
 

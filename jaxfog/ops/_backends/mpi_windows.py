@@ -23,9 +23,9 @@ import numpy as np
 from jaxfog import ffi, runtime
 from jaxfog.errors import JaxfogError
 from jaxfog.ops import _args, _jax_compat, _plan, _primitive
-from jaxfog.ops import primitives as P
+from jaxfog.ops import _primitives as P
 from jaxfog.ops.jit import jit
-from jaxfog.ops.backends import _numerics, _window_spec
+from jaxfog.ops._backends import _numerics, _window_spec
 
 _ALIGN = 64  # the C++ window layout: each leaf (and the weight) at a multiple of 64 bytes
 
@@ -288,7 +288,7 @@ def win_mutex(name: str, ranks: Any) -> Iterator[None]:
         _call(lib.jaxfog_win_mutex, window.id, held.ctypes.data, held.size, 0)
 
 
-# -- AD-PSGD's shared models (jaxfog.ops.agent): published values read and -----------------
+# -- AD-PSGD's shared models (jaxfog.ops._agent): published values read and -----------------
 # -- averaged under the window mutexes, in short compiled calls -----------------------------
 
 _values: dict[str, dict[str, Any]] = {}

@@ -2,12 +2,13 @@
 
 While ``jaxfog.simulate`` traces the per-agent function, ops run on the
 simulated agents (the backend the simulation brings:
-``jaxfog.simulation.backend``, ``lax`` collectives over the agent axis); otherwise on this job's MPI processes (:mod:`.mpi`, the FFI
-primitives). A backend has one method per op, taking the op's flat leaves and
-its resolved arguments (:mod:`jaxfog.ops._args`) and returning the result
-leaves; :class:`Backend` lists them, with what an agent's training loop
-needs (its clock, compiled steps, the loop, AD-PSGD's shared models:
-``jaxfog.ops.agent``). A new backend implements them; no module above
+``jaxfog.simulation._backend``, ``lax`` collectives over the agent axis);
+otherwise on this job's MPI processes (:mod:`.mpi`, the FFI primitives). A
+backend has one method per op, taking the op's flat leaves and its resolved
+arguments (:mod:`jaxfog.ops._args`) and returning the result leaves;
+:class:`Backend` lists them, with what an agent's training loop needs (its
+clock, compiled steps, the loop, AD-PSGD's shared models:
+``jaxfog.ops._agent``). A new backend implements them; no module above
 ``jaxfog.ops`` asks which backend it runs on.
 """
 
@@ -19,7 +20,7 @@ import jax
 
 from jaxfog import _context
 from jaxfog.ops import _args
-from jaxfog.ops.backends import mpi
+from jaxfog.ops._backends import mpi
 
 Leaves = list[jax.Array]
 
@@ -62,14 +63,14 @@ class Backend(Protocol):
 
     def win_mutex(self, name: str, ranks: Any) -> ContextManager[None]: ...
 
-    # An agent's training loop (jaxfog.ops.agent, for jaxfog.asynchrony):
+    # An agent's training loop (jaxfog.ops._agent, for jaxfog.asynchrony):
     # what differs between running as processes in real time and as traced
     # agents in simulated time.
     def now(self) -> Any:
         """This agent's clock, in seconds."""
 
     def call_step(self, step: Any, *args: Any) -> Any:
-        """Runs a ``jaxfog.ops.agent.StepFunction`` (compiled, or traced in)."""
+        """Runs a ``jaxfog.ops._agent.StepFunction`` (compiled, or traced in)."""
 
     def compile_step(self, step: Any, *args: Any) -> None:
         """Compiles it ahead of the loop (where there is anything to compile)."""

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import jaxfog
 from jaxfog import ffi, timeline
-from jaxfog.cli import demo, launcher
+from jaxfog.cli import _demo, _launcher
 
 
 # Options of `jaxfog run` that take a value; everything else starting with "-"
@@ -59,7 +59,7 @@ def _run(argv: Sequence[str]) -> int:
     ours, passthrough, command = split_run_argv(argv)
     args = _run_parser().parse_args(ours)
     try:
-        return launcher.run(command, args.np, hosts=args.hosts, hostfile=args.hostfile,
+        return _launcher.run(command, args.np, hosts=args.hosts, hostfile=args.hostfile,
                             mpi_args=passthrough + shlex.split(args.mpi_args or ""),
                             dry_run=args.dry_run, rank_prefix=args.rank_prefix)
     except (ValueError, FileNotFoundError) as err:
@@ -90,7 +90,7 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def _exec(args: argparse.Namespace) -> int:
-    launcher.exec_rank(args.command)
+    _launcher.exec_rank(args.command)
     return 0  # not reached: exec_rank exits with the command's status
 
 
@@ -207,8 +207,8 @@ def _timeline_merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(argv: Sequence[str]) -> int:
-    return demo.main(list(argv)) or 0
+def _demo_command(argv: Sequence[str]) -> int:
+    return _demo.main(list(argv)) or 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -244,7 +244,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:
-        return _demo(argv[1:])
+        return _demo_command(argv[1:])
     if argv[:1] == ["run"]:
         return _run(argv[1:])
     args = parser().parse_args(argv)

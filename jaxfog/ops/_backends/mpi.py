@@ -17,8 +17,8 @@ from jaxfog import ffi, runtime
 from jaxfog.errors import JaxfogTimeoutError
 from jaxfog import topology as T
 from jaxfog.ops import _args, _plan
-from jaxfog.ops import primitives as P
-from jaxfog.ops.backends import mpi_windows
+from jaxfog.ops import _primitives as P
+from jaxfog.ops._backends import mpi_windows
 
 
 def _static(value: Any, label: str, what: str) -> np.ndarray:
@@ -196,7 +196,7 @@ class MpiBackend:
     win_weight = staticmethod(mpi_windows.win_weight)
     win_mutex = staticmethod(mpi_windows.win_mutex)
 
-    # An agent's training loop (jaxfog.ops.agent): real time, compiled steps.
+    # An agent's training loop (jaxfog.ops._agent): real time, compiled steps.
     def now(self) -> float:
         return time.perf_counter()
 

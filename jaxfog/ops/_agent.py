@@ -1,8 +1,8 @@
 """What an agent's training loop needs from the backend it runs on.
 
 :mod:`jaxfog.asynchrony`'s trainers are written once against these
-functions; each asks :func:`jaxfog.ops.backends.current` (the one place a
-backend is chosen) and the backend answers (:class:`~jaxfog.ops.backends.Backend`):
+functions; each asks :func:`jaxfog.ops._backends.current` (the one place a
+backend is chosen) and the backend answers (:class:`~jaxfog.ops._backends.Backend`):
 
 * the clock (:func:`now`): ``time.perf_counter()`` on MPI processes,
   simulated time on simulated agents;
@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from jaxfog.ops import _args, backends
+from jaxfog.ops import _args, _backends
 from jaxfog.ops.jit import jit
 
 
@@ -33,14 +33,14 @@ def rank_row(table: Any) -> Any:
 
 def now() -> Any:
     """Seconds on this agent's clock."""
-    return backends.current().now()
+    return _backends.current().now()
 
 
 def settle() -> None:
     """Returns once the one-sided writes every agent made so far have landed
     (a barrier on MPI; nothing on simulated agents, where they land at once
     or after their simulated delay). Collective."""
-    backends.current().settle()
+    _backends.current().settle()
 
 
 class StepFunction:
@@ -59,11 +59,11 @@ class StepFunction:
         return self._jitted
 
     def __call__(self, *args: Any) -> Any:
-        return backends.current().call_step(self, *args)
+        return _backends.current().call_step(self, *args)
 
     def compile(self, *args: Any) -> None:
         """Compiles the step for ``args`` without running it (nothing when simulated)."""
-        backends.current().compile_step(self, *args)
+        _backends.current().compile_step(self, *args)
 
     def reset(self) -> None:
         self._jitted = None
@@ -72,7 +72,7 @@ class StepFunction:
 def run(trainer: Any, state: Any, grad_fn: Callable, iterations: int, until: Any, *,
         warmup: bool, poll: float, callback: Callable | None) -> Any:
     """The agent's loop (see :func:`jaxfog.asynchrony.run`)."""
-    return backends.current().run(trainer, state, grad_fn, iterations, until, warmup=warmup,
+    return _backends.current().run(trainer, state, grad_fn, iterations, until, warmup=warmup,
                                   poll=poll, callback=callback)
 
 
@@ -80,24 +80,24 @@ def value_create(x: Any, name: str, peers: np.ndarray) -> None:
     """A shared model: window ``name`` publishing ``x``; ``peers[i, j]``:
     agent i may average with j. Collective."""
     leaves, treedef = _args.leaves("win_create", x)
-    backends.current().value_create(leaves, treedef, name, np.asarray(peers, bool))
+    _backends.current().value_create(leaves, treedef, name, np.asarray(peers, bool))
 
 
 def value_read(name: str) -> Any:
     """This agent's shared model (its published value; a neighbour may change it)."""
-    return backends.current().value_read(name)
+    return _backends.current().value_read(name)
 
 
 def value_add(name: str, x: Any) -> None:
     """Adds ``x`` onto this agent's shared model, atomically."""
-    backends.current().value_add(name, x)
+    _backends.current().value_add(name, x)
 
 
 def pair_average(name: str, peer: Any) -> None:
     """``v_me = v_peer = (v_me + v_peer) / 2``, atomically (both mutexes held)."""
-    backends.current().value_pair_average(name, peer)
+    _backends.current().value_pair_average(name, peer)
 
 
 def value_compile(name: str) -> None:
     """Compiles the shared model's reads, adds and averages (nothing when simulated)."""
-    backends.current().value_compile(name)
+    _backends.current().value_compile(name)

@@ -41,14 +41,25 @@ class OpSpec(NamedTuple):
     name: str    #: e.g. ``"neighbor_allreduce"``
     code: int    #: its op code; a message op's code travels in message headers
     target: str  #: the XLA FFI handler the library exports, e.g. ``"jaxfog_rank"``
+    #: the NCCL transport's handler that moves its data on GPU buffers, e.g.
+    #: ``"jaxfog_nccl_exchange"``; "" where GPU buffers are staged through the host
+    nccl_target: str
 
 
 @functools.cache
 def op_table() -> dict[str, OpSpec]:
     """Every op the library exports a typed FFI handler for, by name."""
     entries = json.loads(library().jaxfog_op_table().decode())
-    return {entry["name"]: OpSpec(entry["name"], entry["code"], entry["target"])
+    return {entry["name"]: OpSpec(entry["name"], entry["code"], entry["target"],
+                                  entry["nccl_target"])
             for entry in entries}
+
+
+def nccl_targets() -> list[str]:
+    """The NCCL transport's handlers (``jaxfog/ffi/nccl_handlers.cc``) the op
+    table names, each once; the library exports them where it has NCCL."""
+    return list(dict.fromkeys(spec.nccl_target for spec in op_table().values()
+                              if spec.nccl_target))
 
 
 def build_info() -> dict[str, Any]:
@@ -317,11 +328,6 @@ def _check_same_mpi(lib: ctypes.CDLL) -> None:
 #: memcpy standing in for the device copies), so CPU tests cover its code.
 HOST_STAGING_ENV = "JAXFOG_HOST_STAGING"
 
-#: The NCCL transport's handlers (CUDA only; ``jaxfog/ffi/nccl_handlers.cc``).
-NCCL_TARGETS = ("jaxfog_nccl_exchange", "jaxfog_nccl_allreduce", "jaxfog_nccl_broadcast",
-                "jaxfog_nccl_allgather")
-
-
 def cuda_built() -> bool:
     """Whether the library has the CUDA paths (host staging of GPU arrays)."""
     return bool(build_info().get("cuda_built"))
@@ -363,7 +369,7 @@ def register_handlers() -> None:
         if cuda:
             register(op.target, getattr(lib, op.target + "_staged"), "CUDA")
     if nccl_built():
-        for name in NCCL_TARGETS:
+        for name in nccl_targets():
             register(name, getattr(lib, name), "CUDA")
 
 
