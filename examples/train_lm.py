@@ -29,8 +29,9 @@ gradient clipping and a warmup-cosine step size, combined by
   one-peer exponential schedule);
 * ``choco``: CHOCO-SGD sending ``--compressor``-compressed differences on
   ``--choco-graph``;
-* ``diloco``: DiLoCo for each round length of ``--rounds``, with dense and
-  with ``--compressor``-compressed pseudo-gradients (error feedback);
+* ``diloco`` and ``diloco-compressed``: DiLoCo for each round length of
+  ``--rounds``, with dense and with ``--compressor``-compressed
+  pseudo-gradients (error feedback);
 * ``noloco`` (one random peer per round) and ``local-sgd``, rounds of the
   first of ``--rounds``;
 * ``push-sum``: asynchronous push-sum (SGP) in simulated time (simulated
@@ -88,6 +89,8 @@ import jaxfog.optax as jfo  # noqa: E402
 import jaxfog.topology as T  # noqa: E402
 
 VOCABULARY = 256  # bytes
+METHODS = ("allreduce", "atc", "tracking", "choco", "diloco", "diloco-compressed", "noloco",
+           "local-sgd", "push-sum")
 VALIDATION_EVERY = 10  # every 10th file is held out
 
 
@@ -283,8 +286,7 @@ def methods(n: int, names: list[str], args: argparse.Namespace,
 
     ring = 2 * (n - 1) / n  # a ring allreduce sends 2 (n - 1) / n of the message
     graphs = {"exponential": T.exponential(n), "one-peer": T.one_peer_exponential(n)}
-    unknown = set(names) - {"allreduce", "atc", "tracking", "choco", "diloco", "noloco",
-                            "local-sgd", "push-sum"}
+    unknown = set(names) - set(METHODS)
     if unknown:
         raise SystemExit(f"--methods: unknown {sorted(unknown)}")
     rounds = [int(h) for h in args.rounds.split(",")]
@@ -308,10 +310,11 @@ def methods(n: int, names: list[str], args: argparse.Namespace,
             f"choco {c.name} {args.choco_graph}",
             jfo.choco(inner(), compressor=c, gamma=args.gamma, topology=topology), 1,
             lambda params: degree * C.tree_bytes(c, params)))
-    if "diloco" in names:
-        for h in rounds:
+    for h in rounds:
+        if "diloco" in names:
             runs.append(Method(f"diloco H={h}", jfo.diloco(inner(), outer(), every=h), h,
                                dense(ring)))
+        if "diloco-compressed" in names:
             # The payloads travel in one allgather: n - 1 of them, merged into one group.
             runs.append(Method(
                 f"diloco H={h} {c.name}",
@@ -357,11 +360,12 @@ def evaluate(graphdef: Any, params: Any, validation: jax.Array) -> jax.Array:
     return loss_nats(nnx.merge(graphdef, params), validation)
 
 
-def train(agents: jf.Agents, method: Method, data: Corpus, size: Size, *, steps: int,
-          seed: int, straggler: float, message_time: float, progress: bool
+def train(agents: jf.Agents, method: Method, data: Corpus, size: Size, model: Any, *,
+          steps: int, seed: int, straggler: float, message_time: float, progress: bool
           ) -> list[dict[str, Any]]:
-    """One synchronous run; a row every ``size.eval_every`` steps (and at 0)."""
-    graphdef, params = nnx.split(make_model(size, seed), nnx.Param)  # the same on every agent
+    """One synchronous run from ``model`` (graphdef, params: the same on every
+    agent); a row every ``size.eval_every`` steps (and at 0)."""
+    graphdef, params = model
     optimizer = method.optimizer
     params_bytes = nbytes(params)
     sent_per_round = method.bytes_per_round(params)
@@ -414,8 +418,8 @@ def train(agents: jf.Agents, method: Method, data: Corpus, size: Size, *, steps:
     return rows
 
 
-def train_push_sum(method: Method, data: Corpus, size: Size, *, steps: int, seed: int,
-                   straggler: float, message_time: float, progress: bool
+def train_push_sum(method: Method, data: Corpus, size: Size, model: Any, *, steps: int,
+                   seed: int, straggler: float, message_time: float, progress: bool
                    ) -> list[dict[str, Any]]:
     """Asynchronous push-sum on simulated agents in simulated time: agent 0
     computes ``straggler`` units a step, the others 1; it runs until a fast
@@ -424,7 +428,7 @@ def train_push_sum(method: Method, data: Corpus, size: Size, *, steps: int, seed
     n = data.streams.shape[0]
     trainer = method.optimizer
     topology = T.exponential(n)
-    graphdef, params = nnx.split(make_model(size, seed), nnx.Param)
+    graphdef, params = model
     params_bytes = nbytes(params)
     sent_per_step = method.bytes_per_round(params)
     delays = jf.Delays.straggler(n, straggler, compute=1.0,
@@ -515,24 +519,27 @@ def plot(results: dict[str, list[dict[str, Any]]], unigram: float, path: str,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5), sharey=True)
-    for label, rows in results.items():
-        style = "--" if "push-sum" in label else "-"
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.5), sharey=True)
+    colors = plt.get_cmap("tab20").colors
+    for index, (label, rows) in enumerate(results.items()):
+        # solid: an exchange every step; dashed: rounds; dash-dot: asynchronous
+        style = ("-." if "async" in label else
+                 "--" if label.split()[0] in ("diloco", "noloco", "local") else "-")
+        color = colors[(2 * index) % 20 + (2 * index) // 20]
         values = [r["val_bpb"] for r in rows]
-        line, = axes[0].plot([r["step"] for r in rows], values, style, label=label)
+        axes[0].plot([r["step"] for r in rows], values, style, color=color, label=label)
         sent = [(r["sent_bytes"] / 1e6, v) for r, v in zip(rows, values) if r["sent_bytes"]]
-        axes[1].plot(*zip(*sent), style, color=line.get_color(), marker=".", ms=3)
-        axes[2].plot([r["simulated_time"] for r in rows], values, style,
-                     color=line.get_color())
+        axes[1].plot(*zip(*sent), style, color=color)
+        axes[2].plot([r["simulated_time"] for r in rows], values, style, color=color)
     for axis, xlabel in zip(axes, ("step", "MB sent per agent", "simulated time "
-                                   "(a fast agent's steps)")):
+                                   "(a fast agent's steps; agent 0 is a straggler)")):
         axis.axhline(unigram, color="gray", linestyle=":", label="unigram")
         axis.set_xlabel(xlabel)
         axis.grid(True, alpha=0.3)
     axes[1].set_xscale("log")
     axes[0].set_ylabel("validation bits per byte (averaged model)")
-    top = max(unigram + 0.3, min(r[0]["val_bpb"] for r in results.values()))
-    axes[0].set_ylim(min(r["val_bpb"] for rows in results.values() for r in rows) - 0.1, top)
+    low = min(r["val_bpb"] for rows in results.values() for r in rows)
+    axes[0].set_ylim(low - 0.1, max(low + 1.0, unigram + 0.8))
     axes[0].legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
@@ -547,8 +554,7 @@ def main(argv=None) -> dict[str, Any]:
     for name in Size._fields:
         parser.add_argument(f"--{name.replace('_', '-')}",
                             type=type(getattr(SIZES["default"], name)), default=None)
-    parser.add_argument("--methods",
-                        default="allreduce,atc,tracking,choco,diloco,noloco,local-sgd,push-sum")
+    parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--graphs", default="exponential,one-peer",
                         help="the graphs of atc and tracking")
     parser.add_argument("--rounds", default="10,50",
@@ -598,19 +604,20 @@ def main(argv=None) -> dict[str, Any]:
              f"{n} simulated agents" if agents.simulated else f"{n} MPI processes")
     data = corpus(n, size, data_mb=size.data_mb, iid=args.iid, seed=args.seed)
     names = args.methods.split(",")
+    model = nnx.split(make_model(size, args.seed), nnx.Param)  # graphdef, params
     results: dict[str, list[dict[str, Any]]] = {}
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for method in methods(n, names, args, size.steps):
         if method.asynchronous:
             if on_mesh or on_mpi:
                 if agents.is_root:
                     print(f"({method.label}: in simulated time, on simulated agents only)")
                 continue
-            rows = train_push_sum(method, data, size, steps=size.steps, seed=args.seed,
+            rows = train_push_sum(method, data, size, model, steps=size.steps, seed=args.seed,
                                   straggler=args.straggler, message_time=args.message_time,
                                   progress=not args.no_progress)
         else:
-            rows = train(agents, method, data, size, steps=size.steps, seed=args.seed,
+            rows = train(agents, method, data, size, model, steps=size.steps, seed=args.seed,
                          straggler=args.straggler, message_time=args.message_time,
                          progress=not args.no_progress)
         results[method.label] = rows
@@ -619,9 +626,8 @@ def main(argv=None) -> dict[str, Any]:
             print(f"{method.label:<34} validation {last['val_bpb']:.3f} bpb  "
                   f"{last['sent_bytes'] / 1e6:8.2f} MB sent  "
                   f"time {last['simulated_time']:6.0f}  {last['wall_time']:6.1f} s", flush=True)
-    seconds = time.perf_counter() - started
-    params = nnx.split(make_model(size, args.seed), nnx.Param)[1]
-    count = sum(v.size for v in jax.tree.leaves(params))
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    count = sum(v.size for v in jax.tree.leaves(model[1]))
     version = sys.version.split()[0]
     report = {
         "where": where, "machine": _machine.cpu(), "python": version,
@@ -629,7 +635,7 @@ def main(argv=None) -> dict[str, Any]:
         "unigram_bpb": data.unigram_bpb, "iid": args.iid, "straggler": args.straggler,
         "message_time": args.message_time, "agent_bytes": int(data.streams.shape[1]),
         "agent_files": [[files[0], files[-1], len(files)] for files in data.files],
-        "seconds": seconds, "results": results}
+        "seconds": seconds, "cpu_seconds": cpu, "results": results}
     if agents.is_root:
         split = "i.i.d. (files dealt at random)" if args.iid else "heterogeneous (files by path)"
         command = " ".join([*([f"jaxfog run -np {n}"] if on_mpi else []), "python",
@@ -637,7 +643,7 @@ def main(argv=None) -> dict[str, Any]:
         header = [
             f"# Byte-level transformer on Python {version}'s standard library: {where}", "",
             f"Machine: {report['machine']}; jax {jax.__version__}. `{command}` "
-            f"({seconds / 60:.1f} minutes in all).", "",
+            f"({seconds / 60:.1f} minutes in all, {cpu / 60:.1f} CPU-minutes).", "",
             f"Data: the first {size.data_mb:g} MB of the standard library's .py files "
             f"sorted by path, every {VALIDATION_EVERY}th file held out; each agent trains on "
             f"{data.streams.shape[1] / 1e6:.2f} MB of its own files, {split}. Model: "
