@@ -37,8 +37,8 @@ gradient clipping and a warmup-cosine step size, combined by
 * ``push-sum``: asynchronous push-sum (SGP) in simulated time (simulated
   agents only).
 
-Time: the agents run in the simulated time of ``jaxfog.Delays``, agent 0 a
-straggler (``--straggler`` times slower). The unit is a fast agent's compute
+Time is simulated, in the model of ``jaxfog.Delays``, agent 0 a straggler
+(``--straggler`` times slower). The unit is a fast agent's compute
 per step; a message takes ``--message-time`` units per copy of the model it
 carries (an agent's sends go one after another). A synchronous method waits
 for the straggler at every exchange (directly or through its neighbours),
@@ -52,7 +52,8 @@ Reported, every ``--eval-every`` steps: the validation loss of the agents'
 averaged model in bits per byte, against steps, against the bytes each agent
 sent (modelled; on MPI also what ``jaxfog.comm_stats`` counted) and against
 simulated time; and, for scale, the bits per byte of a unigram model of the
-training bytes. Writes ``--out``/lm_{n}agents.{md,json,png} (lm_{n}procs on
+training bytes; the wall time of the training steps and tokens (bytes) per
+second. Writes ``--out``/lm_{n}agents.{md,json,png} (lm_{n}procs on
 MPI processes).
 """
 
@@ -488,15 +489,17 @@ def at_time(rows: list[dict[str, Any]], when: float) -> float:
                            [r["val_bpb"] for r in rows]))
 
 
-def summary(results: dict[str, list[dict[str, Any]]], unigram: float, when: float
-            ) -> list[str]:
-    """The table: per method, the last row, and the bpb at simulated time ``when``."""
+def summary(results: dict[str, list[dict[str, Any]]], unigram: float, when: float,
+            tokens_per_step: int) -> list[str]:
+    """The table: per method, the last row, the bpb at simulated time ``when``,
+    and the training throughput (``tokens_per_step``: all agents' bytes a step)."""
     base = results.get("allreduce", [{}])[-1].get("val_bpb")
     measured = any("measured_sent_bytes" in rows[-1] for rows in results.values())
     lines = ["| method | steps | validation bpb | vs allreduce | MB sent / agent "
              + ("| measured MB " if measured else "")
-             + f"| simulated time | bpb at time {when:g} | wall time |",
-             "|---|---:|---:|---:|---:|" + ("---:|" if measured else "") + "---:|---:|---:|"]
+             + f"| simulated time | bpb at time {when:g} | wall time | tokens/s |",
+             "|---|---:|---:|---:|---:|" + ("---:|" if measured else "")
+             + "---:|---:|---:|---:|"]
     for label, rows in results.items():
         last = rows[-1]
         gap = "" if base is None else f"{last['val_bpb'] - base:+.3f}"
@@ -506,9 +509,10 @@ def summary(results: dict[str, list[dict[str, Any]]], unigram: float, when: floa
             + (f"| {last.get('measured_sent_bytes', float('nan')) / 1e6:.2f} "
                if measured else "")
             + f"| {last['simulated_time']:.0f} | {at_time(rows, when):.3f} "
-            f"| {last['wall_time']:.1f} s |")
+            f"| {last['wall_time']:.1f} s "
+            f"| {last['step'] * tokens_per_step / max(last['wall_time'], 1e-9):,.0f} |")
     lines.append(f"| unigram model of the training bytes | | {unigram:.3f} | | | "
-                 + ("| " if measured else "") + "| | |")
+                 + ("| " if measured else "") + "| | | |")
     return lines
 
 
@@ -659,8 +663,11 @@ def main(argv=None) -> dict[str, Any]:
             + f"). Simulated time: agent 0 computes {args.straggler:g}x slower; the unit is "
             f"a fast agent's step; a message takes {args.message_time:g} per copy of the "
             f"model it carries. 'bpb at time {size.steps:g}': when a fast agent has had the "
-            f"time for {size.steps} steps (asynchronous push-sum's budget).", ""]
-        text = "\n".join(header + summary(results, data.unigram_bpb, size.steps))
+            f"time for {size.steps} steps (asynchronous push-sum's budget). Wall time: the "
+            f"training steps, compilation and validation excluded; tokens/s: all agents' "
+            f"training bytes per second of it.", ""]
+        text = "\n".join(header + summary(results, data.unigram_bpb, size.steps,
+                                          n * size.batch * size.context))
         print(text, flush=True)
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, f"lm_{n}{'procs' if on_mpi else 'agents'}")
