@@ -24,6 +24,7 @@
 #   bench-exchange  exchange 1 KB..256 MB (NCCL, staged) against device copies and
 #                   host round trips, the staged allgather against its floor; dispatch
 #   bench-sim       the simulation backend, n = 16..1024 agents, d = 1e4..1e7
+#   lm              examples/train_lm.py --size gpu, 200 steps, 3 methods (tokens/s)
 #   training        the digits demo, optax and windows on GPU arrays, host-staged
 #                   (last: the longest; one optax test alone took 93 s on the H200)
 # Explicit only: probe (the machine), mpi (a 2-rank MPI hello), units (build, JAX-compat
@@ -256,6 +257,17 @@ stage_training() {
     tests/test_train_digits.py tests/test_optax_mpi.py tests/test_window_mpi.py
 }
 
+# The language model at its GPU size, shortened to fit (200 steps, three
+# methods): tokens/s and bits per byte; the table goes into bench.log (the 8
+# files under $OUT are taken), the full run is `train_lm.py --size gpu`.
+stage_lm() {
+  local tmp
+  tmp=$(mktemp -d)
+  step lm 150 "$PY" examples/train_lm.py --size gpu --steps 200 --eval-every 50 \
+    --methods allreduce,atc,diloco --out "$tmp" --no-progress --quiet || return
+  [ "$PLAN" = 1 ] || cat "$tmp"/lm_*.md >>"$LOG"
+}
+
 stage_bench_sim() {
   step bench-sim 240 "$PY" benchmarks/bench_gpu.py --part simulate || return
   keep benchmarks/results/simulate_gpu.md "simulate_$(device_tag).md"
@@ -275,12 +287,12 @@ log_of() {
     probe | mpi | build | units) echo build.log ;;
     gpu-tests | staged | nccl | exit) echo gpu.log ;;
     mpi-suite | training) echo suites.log ;;
-    bench-sim | bench-exchange) echo bench.log ;;
+    bench-sim | bench-exchange | lm) echo bench.log ;;
   esac
 }
 
-DEFAULT="build gpu-tests exit mpi-suite bench-exchange bench-sim training"
-STAGES="probe mpi build units gpu-tests staged nccl exit mpi-suite training bench-sim bench-exchange"
+DEFAULT="build gpu-tests exit mpi-suite bench-exchange bench-sim lm training"
+STAGES="probe mpi build units gpu-tests staged nccl exit mpi-suite training bench-sim bench-exchange lm"
 [ $# -gt 0 ] || set -- $DEFAULT
 for stage in "$@"; do
   case " $STAGES " in
