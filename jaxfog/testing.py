@@ -115,7 +115,7 @@ def _kill_launch(process: subprocess.Popen, marker: str) -> None:
     carries ``_MARKER=marker`` (where /proc lists them)."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # the session is gone already
         pass
     tag = f"{_MARKER}={marker}".encode() + b"\0"
     processes = Path("/proc")

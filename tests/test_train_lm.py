@@ -200,10 +200,19 @@ def test_one_process_mesh_trains_like_the_simulated_agents(tmp_path, simulated):
 def test_unigram_bits_per_byte_is_the_entropy_of_the_byte_frequencies():
     lm = _example("train_lm")
     data = lm.corpus(2, lm.SIZES["tiny"], data_mb=1, iid=False, seed=0)
+    # The training bytes' frequencies (add-one; the streams as the agents
+    # train on them, cut to one length) scored on the validation bytes.
     counts = np.bincount(data.streams.ravel(), minlength=256) + 1
-    entropy = -np.sum(counts / counts.sum() * np.log2(counts / counts.sum()))
-    # Cross-entropy on held-out files: near the training bytes' entropy, above it.
-    assert entropy - 0.05 < data.unigram_bpb < entropy + 0.5
+    predicted = data.validation[:, 1:].ravel()
+    cross_entropy = -np.mean(np.log2(counts / counts.sum())[predicted])
+    assert abs(data.unigram_bpb - cross_entropy) < 0.05
+    # Gibbs: no model of the validation bytes beats their own frequencies, and
+    # the training frequencies come close (held-out Python source is Python
+    # source). Which of training and validation is the more predictable depends
+    # on the stdlib's version: 3.12's held-out files are, 3.11's are not.
+    seen = np.bincount(predicted, minlength=256) / predicted.size
+    entropy = -np.sum(seen[seen > 0] * np.log2(seen[seen > 0]))
+    assert entropy <= data.unigram_bpb < entropy + 0.5
     assert math.isclose(data.unigram_bpb, lm.corpus(2, lm.SIZES["tiny"], data_mb=1, iid=True,
                                                     seed=0).unigram_bpb, rel_tol=0.05)
     # Each agent its own files, no file both trained on and held out.
