@@ -41,6 +41,10 @@ class JaxCompatError(JaxfogError):
     """A private JAX API jaxfog relies on is missing from this JAX version."""
 
 
+class HandleError(JaxfogError, ValueError):
+    """A nonblocking op's handle used wrongly: waited for twice, or not a handle."""
+
+
 class TimelineError(JaxfogError, ValueError):
     """An input is not a timeline, or two inputs are the same rank."""
 
@@ -49,5 +53,5 @@ class TopologyWarning(UserWarning):
     """Warning for a suspicious but legal topology (e.g. not strongly connected)."""
 
 
-__all__ = ["BackendError", "FfiLibraryError", "JaxCompatError", "JaxfogError",
+__all__ = ["BackendError", "FfiLibraryError", "HandleError", "JaxCompatError", "JaxfogError",
            "JaxfogTimeoutError", "NotInitializedError", "TimelineError", "TopologyWarning"]

@@ -150,6 +150,10 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_set_staging_keep_bytes.argtypes = [ctypes.c_int64]
     lib.jaxfog_set_staging_keep_bytes.restype = None
     lib.jaxfog_async_min_bytes.restype = ctypes.c_int64
+    lib.jaxfog_handle_done.argtypes = [ctypes.c_double]
+    lib.jaxfog_handle_done.restype = ctypes.c_int
+    lib.jaxfog_handles_discard.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.jaxfog_handles_discard.restype = ctypes.c_int
     lib.jaxfog_timeline_start.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
                                           ctypes.c_int]
     lib.jaxfog_timeline_start.restype = ctypes.c_int
@@ -342,7 +346,8 @@ def nccl_built() -> bool:
 def register_handlers() -> None:
     """Registers the op table's handlers as custom-call targets; once per process.
 
-    CPU: ``jaxfog_<op>`` (or its host-staged form under ``JAXFOG_HOST_STAGING=1``).
+    CPU: ``jaxfog_<op>`` (or its host-staged form under ``JAXFOG_HOST_STAGING=1``),
+    its nonblocking start ``jaxfog_<op>_start`` and ``jaxfog_wait``.
     CUDA, when built: the same names, bound to the host-staged handlers, and
     the NCCL transport's own targets. XLA picks the handler by platform.
     """
@@ -366,8 +371,14 @@ def register_handlers() -> None:
     cuda = cuda_built()
     for op in op_table().values():
         register(op.target, getattr(lib, op.target + ("_host_staged" if staged else "")), "cpu")
+        # The nonblocking start (always staged through host scratch).
+        register(op.target + "_start", getattr(lib, op.target + "_start"), "cpu")
         if cuda:
             register(op.target, getattr(lib, op.target + "_staged"), "CUDA")
+            register(op.target + "_start", getattr(lib, op.target + "_start_staged"), "CUDA")
+    register("jaxfog_wait", lib.jaxfog_wait, "cpu")
+    if cuda:
+        register("jaxfog_wait", lib.jaxfog_wait_staged, "CUDA")
     if nccl_built():
         for name in nccl_targets():
             register(name, getattr(lib, name), "CUDA")

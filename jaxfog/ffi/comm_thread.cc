@@ -9,6 +9,8 @@
 namespace jaxfog {
 namespace {
 
+thread_local int queue_only = 0;  // live CommThread::QueueOnly on this thread
+
 // Runs `work`, turning an exception into op `op`'s error: one escaping a
 // handler or this thread would terminate the process with no word of which op
 // failed, while the other ranks wait for it until their timeout.
@@ -51,9 +53,12 @@ ffi::Future CommThread::Done(const ffi::Error& error) {
   return future;
 }
 
+CommThread::QueueOnly::QueueOnly() { ++queue_only; }
+CommThread::QueueOnly::~QueueOnly() { --queue_only; }
+
 ffi::Future CommThread::Run(const char* op, size_t bytes, Work work) {
   const int64_t threshold = inline_below_.load(std::memory_order_relaxed);
-  if (threshold < 0 || static_cast<int64_t>(bytes) < threshold) {
+  if (queue_only == 0 && threshold < 0 || static_cast<int64_t>(bytes) < threshold) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (queue_.empty() && !busy_) return Done(RunInline(lock, op, work));
   }

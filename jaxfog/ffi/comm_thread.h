@@ -64,6 +64,17 @@ class CommThread {
   // A future that is already complete.
   static ffi::Future Done(const ffi::Error& error);
 
+  // While one lives on a thread, work handed over from it is always queued,
+  // never run inline: a nonblocking op's start returns before its messages
+  // move.
+  class QueueOnly {
+   public:
+    QueueOnly();
+    ~QueueOnly();
+    QueueOnly(const QueueOnly&) = delete;
+    QueueOnly& operator=(const QueueOnly&) = delete;
+  };
+
  private:
   CommThread() = default;
   void Loop();

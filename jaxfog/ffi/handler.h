@@ -33,6 +33,7 @@
 
 #include "call.h"
 #include "comm_thread.h"
+#include "deferred.h"
 #include "ops.h"
 #include "registry.h"
 #include "scratch.h"
@@ -200,8 +201,10 @@ struct CudaStaged<op, R (*)(Args...)> {
 
 // The XLA FFI handlers of op `op` that handler_exports.cc exports: Call as
 // jaxfog_<name>, CallStaged as jaxfog_<name>_staged (CUDA buffers, staged
-// through the host) and CallHostStaged as jaxfog_<name>_host_staged (CPU
-// buffers through the staged path, for the tests). Declared here for every
+// through the host), CallHostStaged as jaxfog_<name>_host_staged (CPU
+// buffers through the staged path, for the tests), and the nonblocking start
+// forms (deferred.h) CallStart as jaxfog_<name>_start (CPU buffers) and
+// CallStartStaged as jaxfog_<name>_start_staged (CUDA). Declared here for every
 // op of the table; defined with JAXFOG_DEFINE_EXPORTS(Camel) in the .cc that
 // specialises the op's Handler, so that an op of the table without its
 // definition does not link (hidden: a shared library may not leave a hidden
@@ -215,6 +218,8 @@ struct Exports;
     static XLA_FFI_Error* Call(XLA_FFI_CallFrame* frame);                  \
     static XLA_FFI_Error* CallStaged(XLA_FFI_CallFrame* frame);            \
     static XLA_FFI_Error* CallHostStaged(XLA_FFI_CallFrame* frame);        \
+    static XLA_FFI_Error* CallStart(XLA_FFI_CallFrame* frame);             \
+    static XLA_FFI_Error* CallStartStaged(XLA_FFI_CallFrame* frame);       \
   };
 JAXFOG_OPS(JAXFOG_DECLARE_EXPORTS)
 #undef JAXFOG_DECLARE_EXPORTS
@@ -240,6 +245,12 @@ XLA_FFI_Error* CallHandler(XLA_FFI_CallFrame* frame) {
   }                                                                                     \
   XLA_FFI_Error* Exports<OpCode::k##Camel>::CallHostStaged(XLA_FFI_CallFrame* frame) { \
     return CallHandler<OpCode::k##Camel, HostStaged<OpCode::k##Camel>>(frame);          \
+  }                                                                                     \
+  XLA_FFI_Error* Exports<OpCode::k##Camel>::CallStart(XLA_FFI_CallFrame* frame) {      \
+    return CallStartHandler<OpCode::k##Camel, Start<OpCode::k##Camel>>(frame);          \
+  }                                                                                     \
+  XLA_FFI_Error* Exports<OpCode::k##Camel>::CallStartStaged(XLA_FFI_CallFrame* frame) { \
+    return CallStartHandler<OpCode::k##Camel, CudaStart<OpCode::k##Camel>>(frame);      \
   }
 
 }  // namespace jaxfog

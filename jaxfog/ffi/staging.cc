@@ -1,6 +1,7 @@
 #include "staging.h"
 
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "status.h"
@@ -76,6 +77,29 @@ ffi::Error Staging::Finish() {
   }
   in_flight_ = false;
   return copier_->Wait();
+}
+
+ffi::Error Staging::FinishInto(DeviceCopier* copier, const std::vector<Piece>& outputs) {
+  if (outputs.size() != host_outputs_.size()) {
+    return ffi::Error::InvalidArgument("jaxfog.wait: the op has " +
+                                       std::to_string(host_outputs_.size()) +
+                                       " results, the wait expects " +
+                                       std::to_string(outputs.size()));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].bytes != host_outputs_[i].bytes) {
+      return ffi::Error::InvalidArgument(
+          "jaxfog.wait: result " + std::to_string(i) + " of the op has " +
+          std::to_string(host_outputs_[i].bytes) + " bytes, the wait expects " +
+          std::to_string(outputs[i].bytes));
+    }
+  }
+  timeline::Span span("stage out");
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    JAXFOG_RETURN_IF_ERROR(
+        copier->ToDevice(outputs[i].data, host_outputs_[i].data, host_outputs_[i].bytes));
+  }
+  return copier->Wait();
 }
 
 }  // namespace jaxfog

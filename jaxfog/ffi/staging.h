@@ -68,6 +68,9 @@ class Staging {
   void Outputs(std::vector<Piece>* pieces);
   // Copies the outputs back to the device and waits for the copies.
   ffi::Error Finish();
+  // Copies the outputs to `outputs` instead (the same count and sizes: a
+  // nonblocking op's wait), through `copier`, and waits for the copies.
+  ffi::Error FinishInto(DeviceCopier* copier, const std::vector<Piece>& outputs);
 
  private:
   // One scratch buffer for `pieces`, each at a multiple of 64 bytes.

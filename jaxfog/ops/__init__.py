@@ -24,6 +24,10 @@ OPS = {
     "win_accumulate": "window", "win_get": "window", "win_update": "window",
     "win_update_then_collect": "window", "win_mutex": "window", "win_version": "window",
     "win_weight": "window",
+    "neighbor_allreduce_nonblocking": "nonblocking",
+    "neighbor_allgather_nonblocking": "nonblocking", "pair_gossip_nonblocking": "nonblocking",
+    "allreduce_nonblocking": "nonblocking", "broadcast_nonblocking": "nonblocking",
+    "allgather_nonblocking": "nonblocking", "wait": "nonblocking", "Handle": "nonblocking",
 }
 
 

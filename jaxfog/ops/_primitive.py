@@ -80,17 +80,20 @@ def _token_aval():
 
 
 def lower_comm_call(ctx: mlir.LoweringRuleContext, target: str, operands: Sequence[Any],
-                    attributes: Mapping[str, Any]) -> list:
+                    attributes: Mapping[str, Any], avals_out: Sequence[Any] | None = None
+                    ) -> list:
     """Emits a typed-FFI custom call that consumes and produces the comm token.
 
     The handler's first operand and first result are the token; ``operands``
-    and ``ctx.avals_out`` follow (row-major). Python ints/floats/bools become
-    i64/f64/i1 attributes, numpy arrays become array attributes.
+    and ``avals_out`` (default ``ctx.avals_out``) follow (row-major). Python
+    ints/floats/bools become i64/f64/i1 attributes, numpy arrays become array
+    attributes.
     """
     _jax_compat.require("register_ordered_effect")
     token = ctx.tokens_in.get(comm_effect)
+    avals_out = ctx.avals_out if avals_out is None else avals_out
     with_token = ctx.replace(avals_in=(_token_aval(), *ctx.avals_in),
-                             avals_out=(_token_aval(), *ctx.avals_out))
+                             avals_out=(_token_aval(), *avals_out))
     rule = jax.ffi.ffi_lowering(
         target, has_side_effect=True,
         backend_config={k: _attribute(v) for k, v in attributes.items()})
@@ -98,6 +101,10 @@ def lower_comm_call(ctx: mlir.LoweringRuleContext, target: str, operands: Sequen
     ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({comm_effect: token_out})))
     return results
 
+
+#: The custom call's attributes of each primitive made by :func:`define`:
+#: ``attributes(avals_in, **params)`` (the nonblocking start lowers with them).
+ATTRIBUTES: dict[jex_core.Primitive, Callable[..., dict]] = {}
 
 #: Every FFI target a primitive lowers to, by op name (``tests/test_op_table.py``
 #: checks them against the op table the C++ library exports).
@@ -127,6 +134,8 @@ def define(op: str, out_avals: Callable[..., list],
 
     def lowering(ctx, *operands, **params):
         return lower_comm_call(ctx, name, operands, attributes(ctx.avals_in, **params))
+
+    ATTRIBUTES[prim] = attributes
 
     register_lowering(prim, lowering)
     return prim

@@ -19,6 +19,7 @@ communicator the op runs on (``runtime.WORLD_COMM_ID`` and friends).
 from __future__ import annotations
 
 import functools
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,26 @@ from jaxfog.ops.jit import jit
 from jaxfog.ops._primitive import (GENERIC_LOWERINGS, comm_effect, define, linear_jvp,
                                    linear_transpose, lower_comm_call, message,
                                    register_lowering, target)
+
+
+class Adjoint(NamedTuple):
+    """An op's adjoint as one op and a local step after it (for the
+    nonblocking ops, which start the op and finish with ``post`` at the wait):
+    ``post(adjoint_prim.bind(*static, *cotangents, **params))``."""
+
+    prim: jex_core.Primitive
+    params: dict
+    static: list  # operands before the cotangents (the step of a schedule)
+    post: Callable[[list], list]
+
+
+#: Each linear primitive's adjoint as an :class:`Adjoint`:
+#: ``ADJOINTS[prim](static, params, avals_in)`` (``avals_in``: its data operands').
+ADJOINTS: dict[jex_core.Primitive, Callable[..., Adjoint]] = {}
+
+
+def _unchanged(outs: list) -> list:
+    return outs
 
 
 def _same_avals(*avals, **params) -> list:
@@ -72,6 +93,11 @@ ad.primitive_jvps[neighbor_allreduce_p] = linear_jvp(neighbor_allreduce_p, 1)
 ad.primitive_transposes[neighbor_allreduce_p] = linear_transpose(
     lambda static, cts, xs, *, plan, comm_id: neighbor_allreduce_p.bind(
         *static, *cts, plan=plan.transpose(), comm_id=comm_id), n_static=1)
+
+
+ADJOINTS[neighbor_allreduce_p] = lambda static, params, avals: Adjoint(
+    neighbor_allreduce_p, {**params, "plan": params["plan"].transpose()}, list(static),
+    _unchanged)
 
 
 def _neighbor_allreduce_batch(args, dims, *, plan, comm_id):
@@ -139,11 +165,22 @@ def _gather_batch(prim):
     return rule
 
 
+def _gather_adjoint(adjoint):
+    def rule(static, params, avals):
+        return Adjoint(adjoint, {"send_ranks": params["recv_ranks"],
+                                 "recv_ranks": params["send_ranks"],
+                                 "out_shapes": tuple(a.shape for a in avals),
+                                 "comm_id": params["comm_id"]}, [], _unchanged)
+
+    return rule
+
+
 for _prim, _adjoint in ((neighbor_allgather_p, neighbor_reduce_scatter_p),
                         (neighbor_reduce_scatter_p, neighbor_allgather_p)):
     ad.primitive_jvps[_prim] = linear_jvp(_prim, 0)
     ad.primitive_transposes[_prim] = _gather_transpose(_adjoint)
     batching.primitive_batchers[_prim] = _gather_batch(_prim)
+    ADJOINTS[_prim] = _gather_adjoint(_adjoint)
 
 
 # --- global collectives ------------------------------------------------------
@@ -178,21 +215,35 @@ def _rank_in(comm_id: int) -> int:
             runtime.LEADERS_COMM_ID: runtime.machine_rank}[comm_id]()
 
 
-def _broadcast_adjoint(static, cts, xs, *, root, comm_id):
-    summed = allreduce_p.bind(*cts, mean=False, comm_id=comm_id)
-    is_root = _rank_in(comm_id) == root
-    return [s if is_root else jnp.zeros_like(s) for s in summed]
+def _broadcast_adjoint(static, params, avals) -> Adjoint:
+    """A sum delivered to the root."""
+    is_root = _rank_in(params["comm_id"]) == params["root"]
+    return Adjoint(allreduce_p, {"mean": False, "comm_id": params["comm_id"]}, [],
+                   _unchanged if is_root else lambda outs: [jnp.zeros_like(o) for o in outs])
 
 
-def _allgather_adjoint(static, cts, xs, *, size, comm_id):
-    summed = allreduce_p.bind(*cts, mean=False, comm_id=comm_id)
-    rank = _rank_in(comm_id)
-    outs = []
-    for s, x in zip(summed, xs):
-        block = (x.aval.shape or (1,))[0]
-        piece = jax.lax.slice_in_dim(s, rank * block, (rank + 1) * block, axis=0)
-        outs.append(piece.reshape(x.aval.shape))
-    return outs
+def _allgather_adjoint(static, params, avals) -> Adjoint:
+    """Each rank's block of the summed cotangents."""
+    rank = _rank_in(params["comm_id"])
+
+    def block(summed):
+        outs = []
+        for s, aval in zip(summed, avals):
+            rows = (aval.shape or (1,))[0]
+            piece = jax.lax.slice_in_dim(s, rank * rows, (rank + 1) * rows, axis=0)
+            outs.append(piece.reshape(aval.shape))
+        return outs
+
+    return Adjoint(allreduce_p, {"mean": False, "comm_id": params["comm_id"]}, [], block)
+
+
+def _blocking_transpose(adjoint_rule):
+    """The transpose rule that runs an :class:`Adjoint` at once."""
+    def back(static, cts, xs, **params):
+        adjoint = adjoint_rule(static, params, [x.aval for x in xs])
+        return adjoint.post(adjoint.prim.bind(*adjoint.static, *cts, **adjoint.params))
+
+    return linear_transpose(back)
 
 
 def _allgather_batch(args, dims, *, size, comm_id):
@@ -201,8 +252,12 @@ def _allgather_batch(args, dims, *, size, comm_id):
     return outs, [1 if b else None for b in batched]
 
 
-ad.primitive_transposes[broadcast_p] = linear_transpose(_broadcast_adjoint)
-ad.primitive_transposes[allgather_p] = linear_transpose(_allgather_adjoint)
+ADJOINTS[allreduce_p] = lambda static, params, avals: Adjoint(allreduce_p, params, [],
+                                                              _unchanged)
+ADJOINTS[broadcast_p] = _broadcast_adjoint
+ADJOINTS[allgather_p] = _allgather_adjoint
+ad.primitive_transposes[broadcast_p] = _blocking_transpose(_broadcast_adjoint)
+ad.primitive_transposes[allgather_p] = _blocking_transpose(_allgather_adjoint)
 batching.primitive_batchers[allreduce_p] = _elementwise_batch(allreduce_p)
 batching.primitive_batchers[broadcast_p] = _elementwise_batch(broadcast_p)
 batching.primitive_batchers[allgather_p] = _allgather_batch

@@ -242,11 +242,33 @@ def _source_table(sim: _context.Simulation, src_ranks: Any) -> np.ndarray:
     return table
 
 
+class Started(NamedTuple):
+    """A nonblocking op's results are its arrays: the first ``n`` (then, with
+    delays, the time its last message arrives)."""
+
+    n: int
+    timed: bool
+
+
 class SimulatedBackend:
     """Ops on the agents of the simulation being traced."""
 
     def __init__(self, sim: _context.Simulation):
         self.sim = sim
+
+    # A nonblocking op is computed at its start and held back until its wait,
+    # where the agent's clock waits for its messages.
+    def start(self, op: str, leaves: list, args: Any) -> tuple[list, Started]:
+        with _clock.deferred() as arrivals:
+            outs = list(getattr(self, op)(leaves, args))
+        if not arrivals:
+            return outs, Started(len(outs), False)
+        return [*outs, functools.reduce(jnp.maximum, arrivals)], Started(len(outs), True)
+
+    def wait(self, arrays: list, started: Started) -> list:
+        if started.timed:
+            _clock.arrive(arrays[started.n])
+        return list(arrays[:started.n])
 
     def neighbor_allreduce(self, leaves: list, args: _args.NeighborAllreduce) -> list:
         sim, graph = self.sim, args.graph

@@ -223,6 +223,29 @@ def arrival(dst: Any) -> Any:
     return now() + jnp.asarray(t.message)[sim.rank, dst]
 
 
+# While a nonblocking op starts, the arrival times its synchronous parts
+# record instead of waiting for them (innermost last).
+_deferred: list[list[Any]] = []
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[list[Any]]:
+    """Inside, a synchronous op does not wait: it appends the time its last
+    message arrives at this agent to the list yielded (a nonblocking op's
+    start; its wait calls :func:`arrive`)."""
+    arrivals: list[Any] = []
+    _deferred.append(arrivals)
+    try:
+        yield arrivals
+    finally:
+        _deferred.pop()
+
+
+def arrive(at: Any) -> None:
+    """This agent waits until ``at`` (a message's arrival)."""
+    set_now(jnp.maximum(now(), at))
+
+
 def synchronize(receives: np.ndarray | None = None) -> None:
     """A synchronous op: this agent's clock becomes the time the last message
     it receives arrives. ``receives[i, j]``: agent i receives from j (None:
@@ -236,4 +259,7 @@ def synchronize(receives: np.ndarray | None = None) -> None:
     clocks = sim.all_gather(now())
     incoming = clocks + jnp.asarray(t.message)[:, sim.rank]
     latest = jnp.max(jnp.where(jnp.asarray(receives)[sim.rank], incoming, -jnp.inf))
-    set_now(jnp.maximum(now(), latest))
+    if _deferred:
+        _deferred[-1].append(latest)
+    else:
+        arrive(latest)

@@ -45,6 +45,13 @@ class Backend(Protocol):
 
     def barrier(self) -> None: ...
 
+    # Nonblocking ops (jaxfog.ops.nonblocking): ``start`` runs op ``op`` as
+    # its method would, returning the arrays a handle holds and a hashable
+    # description; ``wait`` turns them into the op's result leaves.
+    def start(self, op: str, leaves: Leaves, args: Any) -> tuple[Leaves, Any]: ...
+
+    def wait(self, arrays: Leaves, started: Any) -> Leaves: ...
+
     # One-sided windows (jaxfog.ops.window): the public functions resolve
     # their arguments (jaxfog.ops._args.Win*) and call these.
     def win_create(self, leaves: Leaves, treedef: Any, args: _args.WinCreate) -> bool: ...

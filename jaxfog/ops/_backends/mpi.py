@@ -7,16 +7,18 @@ static parameters; the C++ handler exchanges the messages.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
+from jax import core
 
 from jaxfog import ffi, runtime
 from jaxfog.errors import JaxfogTimeoutError
 from jaxfog import topology as T
-from jaxfog.ops import _args, _plan
+from jaxfog.ops import _args, _nonblocking, _plan
 from jaxfog.ops import _primitives as P
 from jaxfog.ops._backends import mpi_windows
 
@@ -74,15 +76,73 @@ def _plan_for(graph: T.Topology | T.Schedule, rank: int,
                                  what=what, labels=labels)
 
 
-def _mix(leaves: list, plan: _plan.Plan, step: Any, comm_id: int) -> list:
+class Call(NamedTuple):
+    """One FFI primitive's call, and the local step after it: ``post(outs,
+    kept)`` (hashable; None: the results as they come), ``kept`` the arrays
+    it needs besides the results. A nonblocking op starts the call and runs
+    ``post`` at the wait."""
+
+    prim: Any
+    operands: list
+    params: dict
+    n_static: int = 0  # operands before the data (a schedule's step)
+    post: Any = None
+    kept: list = []
+
+    def run(self) -> list:
+        outs = self.prim.bind(*self.operands, **self.params)
+        return outs if self.post is None else self.post(outs, self.kept)
+
+
+class Started(NamedTuple):
+    """What waiting for a started :class:`Call` needs besides its arrays
+    (``[ticket, *static operands, *kept]``); hashable."""
+
+    prim: Any
+    params: tuple
+    avals: tuple  # the data operands'
+    n_static: int
+    post: Any
+    n_kept: int
+
+
+def _mix(leaves: list, plan: _plan.Plan, step: Any, comm_id: int) -> Call:
     step = jnp.asarray(0 if step is None else step).astype(jnp.int32)
-    return P.neighbor_allreduce_p.bind(step, *leaves, plan=plan, comm_id=comm_id)
+    return Call(P.neighbor_allreduce_p, [step, *leaves], {"plan": plan, "comm_id": comm_id},
+                n_static=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _InOrder:
+    """A rank-indexed ``src_ranks`` table's row: the blocks received from
+    ``recv`` (ascending), in the row's ``order``, this rank's own value (kept)
+    where the row names it."""
+
+    rank: int
+    order: tuple
+    recv: tuple
+
+    def __call__(self, got: list, kept: list) -> list:
+        outs = []
+        for leaf, blocks in zip(kept, got):
+            mine = leaf.reshape(leaf.shape or (1,))
+            split = blocks.reshape((len(self.recv), *mine.shape)) if self.recv else None
+            parts = [mine if j == self.rank else split[self.recv.index(j)] for j in self.order]
+            outs.append(jnp.concatenate(parts, axis=0) if parts else
+                        jnp.zeros((0, *mine.shape[1:]), leaf.dtype))
+        return outs
 
 
 class MpiBackend:
-    """Ops on this job's MPI processes, through jaxfog's C++ FFI library."""
+    """Ops on this job's MPI processes, through jaxfog's C++ FFI library.
+
+    Each op with a nonblocking form is built as a :class:`Call` by a method
+    ``_<op>``; the blocking op runs it, :meth:`start` starts it."""
 
     def neighbor_allreduce(self, leaves: list, args: _args.NeighborAllreduce) -> list:
+        return self._neighbor_allreduce(leaves, args).run()
+
+    def _neighbor_allreduce(self, leaves: list, args: _args.NeighborAllreduce) -> Call:
         rank = runtime.rank()
         plan = _plan_for(args.graph, rank, args.local_view, args.what)
         if args.check_topology:
@@ -90,6 +150,9 @@ class MpiBackend:
         return _mix(leaves, plan, args.step, runtime.WORLD_COMM_ID)
 
     def pair_gossip(self, leaves: list, args: _args.PairGossip) -> list:
+        return self._pair_gossip(leaves, args).run()
+
+    def _pair_gossip(self, leaves: list, args: _args.PairGossip) -> Call:
         if _args.is_traced(args.peer):
             raise TypeError(f"{args.what}: peer is a traced value, but on MPI processes it "
                             "must be concrete (an int, a concrete integer array, or a "
@@ -98,7 +161,7 @@ class MpiBackend:
                             "pass the whole table of peers")
         peer = int(args.peer)
         alone = peer == runtime.rank()  # still an op: every rank counts its ops alike
-        return self.neighbor_allreduce(leaves, _args.neighbor_allreduce(
+        return self._neighbor_allreduce(leaves, _args.neighbor_allreduce(
             self_weight=1.0 if alone else 0.5, src_weights={} if alone else {peer: 0.5},
             dst_weights=[] if alone else [peer], topology=None, step=None,
             check_topology=False, name=args.what))
@@ -112,10 +175,13 @@ class MpiBackend:
                          ("src_machine_weights", "dst_machine_weights"))
         local = P.allreduce_p.bind(*leaves, mean=True, comm_id=runtime.LOCAL_COMM_ID)
         if runtime.local_rank() == 0:
-            local = _mix(local, plan, None, runtime.LEADERS_COMM_ID)
+            local = _mix(local, plan, None, runtime.LEADERS_COMM_ID).run()
         return P.broadcast_p.bind(*local, root=0, comm_id=runtime.LOCAL_COMM_ID)
 
     def neighbor_allgather(self, leaves: list, args: _args.NeighborAllgather) -> list:
+        return self._neighbor_allgather(leaves, args).run()
+
+    def _neighbor_allgather(self, leaves: list, args: _args.NeighborAllgather) -> Call:
         rank, size, topology = runtime.rank(), runtime.size(), runtime.load_topology()
 
         def ranks(given: Any, default: list[int], label: str) -> tuple[int, ...]:
@@ -159,29 +225,53 @@ class MpiBackend:
                          "dst_ranks")
         out_shapes = tuple((len(recv) * (leaf.shape or (1,))[0], *leaf.shape[1:])
                            for leaf in leaves)
-        got = P.neighbor_allgather_p.bind(*leaves, send_ranks=send, recv_ranks=recv,
-                                          out_shapes=out_shapes,
-                                          comm_id=runtime.WORLD_COMM_ID)
+        call = Call(P.neighbor_allgather_p, list(leaves),
+                    {"send_ranks": send, "recv_ranks": recv, "out_shapes": out_shapes,
+                     "comm_id": runtime.WORLD_COMM_ID})
         if order is None:
-            return got
-        outs = []
-        for leaf, blocks in zip(leaves, got):
-            mine = leaf.reshape(leaf.shape or (1,))
-            split = blocks.reshape((len(recv), *mine.shape)) if recv else None
-            parts = [mine if j == rank else split[recv.index(j)] for j in order]
-            outs.append(jnp.concatenate(parts, axis=0) if parts else
-                        jnp.zeros((0, *mine.shape[1:]), leaf.dtype))
-        return outs
+            return call
+        return call._replace(post=_InOrder(rank, tuple(order), recv), kept=list(leaves))
 
     def allreduce(self, leaves: list, args: _args.Allreduce) -> list:
-        return P.allreduce_p.bind(*leaves, mean=args.mean, comm_id=runtime.WORLD_COMM_ID)
+        return self._allreduce(leaves, args).run()
+
+    def _allreduce(self, leaves: list, args: _args.Allreduce) -> Call:
+        return Call(P.allreduce_p, list(leaves),
+                    {"mean": args.mean, "comm_id": runtime.WORLD_COMM_ID})
 
     def broadcast(self, leaves: list, args: _args.Broadcast) -> list:
-        return P.broadcast_p.bind(*leaves, root=args.root, comm_id=runtime.WORLD_COMM_ID)
+        return self._broadcast(leaves, args).run()
+
+    def _broadcast(self, leaves: list, args: _args.Broadcast) -> Call:
+        return Call(P.broadcast_p, list(leaves),
+                    {"root": args.root, "comm_id": runtime.WORLD_COMM_ID})
 
     def allgather(self, leaves: list, args: _args.Allgather) -> list:
-        return P.allgather_p.bind(*leaves, size=runtime.size(),
-                                  comm_id=runtime.WORLD_COMM_ID)
+        return self._allgather(leaves, args).run()
+
+    def _allgather(self, leaves: list, args: _args.Allgather) -> Call:
+        return Call(P.allgather_p, list(leaves),
+                    {"size": runtime.size(), "comm_id": runtime.WORLD_COMM_ID})
+
+    # Nonblocking ops: the call started (its ticket and what the wait needs).
+    def start(self, op: str, leaves: list, args: Any) -> tuple[list, Started]:
+        build = getattr(self, "_" + op, None)
+        if build is None:
+            raise NotImplementedError(f"jaxfog.{op} has no nonblocking form")
+        call = build(leaves, args)
+        ticket = _nonblocking.start(call.prim, call.operands, call.params, call.n_static)
+        static, data = call.operands[:call.n_static], call.operands[call.n_static:]
+        avals = tuple(core.ShapedArray(jnp.shape(x), jnp.result_type(x)) for x in data)
+        return ([ticket, *static, *call.kept],
+                Started(call.prim, tuple(sorted(call.params.items())), avals, call.n_static,
+                        call.post, len(call.kept)))
+
+    def wait(self, arrays: list, started: Started) -> list:
+        ticket, rest = arrays[0], list(arrays[1:])
+        static, kept = rest[:started.n_static], rest[started.n_static:]
+        outs = _nonblocking.wait(ticket, static, started.prim, dict(started.params),
+                                 list(started.avals))
+        return outs if started.post is None else started.post(outs, kept)
 
     def barrier(self) -> None:
         P.barrier_p.bind(comm_id=runtime.WORLD_COMM_ID)

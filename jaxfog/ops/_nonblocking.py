@@ -1,0 +1,202 @@
+"""The MPI backend's nonblocking ops: a start primitive and a wait primitive.
+
+``start_p`` runs one of the FFI primitives (``jaxfog.ops._primitives``) as
+its C++ start form, ``jaxfog_<op>_start`` (``jaxfog/ffi/deferred.h``): the
+inputs are copied before the call returns, the messages move on the
+communication thread in program order, and the call returns a *ticket*.
+``wait_p`` takes the ticket and returns the op's results. Both carry the
+ordered communication effect, so a start, a wait and every other op keep the
+program's order on every rank; a wait itself does not communicate.
+
+The ticket is a float32 scalar holding a small integer, so that it can carry
+a cotangent. Both primitives are linear in their data, and the adjoint of
+start/wait is start/wait of the adjoint op (``ADJOINTS``):
+
+* jvp: the tangents are started (a second ticket, the tangent of the first)
+  and waited for where the primal is;
+* transpose: the wait's transpose *starts* the adjoint op on the cotangents
+  of the results, and its ticket travels back as the cotangent of the
+  ticket; the start's transpose waits for it. The adjoint's messages move
+  while the backward pass computes what lay between start and wait.
+
+Ticket 0 is the zero cotangent (scan and cond may instantiate one): waiting
+for it gives zeros, with no communication.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import core
+from jax.extend import core as jex_core
+from jax.interpreters import ad, batching, mlir
+
+from jaxfog import ffi, runtime
+from jaxfog.ops._primitive import ATTRIBUTES, comm_effect, lower_comm_call
+from jaxfog.ops._primitives import ADJOINTS
+from jaxfog.ops import _jax_compat
+
+#: The custom-call target of every wait (``jaxfog/ffi/deferred.cc``).
+WAIT_TARGET = "jaxfog_wait"
+
+_TICKET = core.ShapedArray((), np.float32)
+
+
+def start_target(prim: jex_core.Primitive) -> str:
+    """The start form of ``prim``'s custom call."""
+    return prim.name + "_start"
+
+
+def _differentiable(aval) -> bool:
+    return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def _results(prim, static_avals, avals, params: tuple) -> list:
+    outs, _ = prim.abstract_eval(*static_avals, *avals, **dict(params))
+    return list(outs)
+
+
+# --- start ---------------------------------------------------------------------
+
+start_p = jex_core.Primitive("jaxfog_start")
+start_p.def_effectful_abstract_eval(
+    lambda *avals, op, params, n_static: (_TICKET, {comm_effect}))
+start_p.def_impl(lambda *args, **params: _jax_compat.apply_primitive(start_p, *args, **params))
+
+
+def _start_lowering(ctx, *operands, op, params, n_static):
+    kw = dict(params)
+    results = _results(op, ctx.avals_in[:n_static], ctx.avals_in[n_static:], params)
+    # The op's own results are placeholders the start never writes (the C++
+    # start stages them to host scratch); its ticket comes last.
+    outs = lower_comm_call(ctx, start_target(op), operands,
+                           ATTRIBUTES[op](ctx.avals_in, **kw),
+                           avals_out=(*results, _TICKET))
+    return [outs[-1]]
+
+
+def start(prim: jex_core.Primitive, operands: list, params: dict, n_static: int) -> jax.Array:
+    """Starts ``prim.bind(*operands, **params)``; returns its ticket."""
+    return start_p.bind(*operands, op=prim, params=tuple(sorted(params.items())),
+                        n_static=n_static)
+
+
+def _tangent_operands(xs, tangents) -> list:
+    """The tangents as the op's operands: symbolic zeros (and the float0
+    tangents of integer leaves) made zeros of the operand's dtype, so that the
+    tangent message has the primal's layout and the same wait takes it."""
+    return [jnp.zeros(x.shape, x.dtype) if type(t) is ad.Zero or not _differentiable(
+        jax.typeof(x)) else t for x, t in zip(xs, tangents)]
+
+
+def _start_jvp(primals, tangents, *, op, params, n_static):
+    ticket = start_p.bind(*primals, op=op, params=params, n_static=n_static)
+    static, xs = primals[:n_static], primals[n_static:]
+    live = [type(t) is not ad.Zero and _differentiable(jax.typeof(x))
+            for x, t in zip(xs, tangents[n_static:])]
+    if not any(live):
+        return ticket, ad.Zero(_TICKET)
+    tangent = start_p.bind(*static, *_tangent_operands(xs, tangents[n_static:]), op=op,
+                           params=params, n_static=n_static)
+    return ticket, tangent
+
+
+def _start_transpose(ct, *operands, op, params, n_static):
+    static, xs = operands[:n_static], operands[n_static:]
+    avals = [x.aval for x in xs]
+    if type(ct) is ad.Zero:
+        return [None] * n_static + [ad.Zero(a) for a in avals]
+    adjoint = ADJOINTS[op](static, dict(params), avals)
+    results = _results(op, [jax.typeof(s) for s in static], avals, params)
+    outs = adjoint.post(wait(ct, adjoint.static, adjoint.prim, adjoint.params, results))
+    return [None] * n_static + [o if _differentiable(a) else ad.Zero(a)
+                                for o, a in zip(outs, avals)]
+
+
+# --- wait ----------------------------------------------------------------------
+
+# Operands: the ticket, then the op's static operands (the wait does not read
+# them; its transpose starts the adjoint with them).
+wait_p = jex_core.Primitive("jaxfog_wait")
+wait_p.multiple_results = True
+wait_p.def_effectful_abstract_eval(
+    lambda ticket, *static, op, params, avals: (
+        _results(op, static, avals, params), {comm_effect}))
+wait_p.def_impl(lambda *args, **params: _jax_compat.apply_primitive(wait_p, *args, **params))
+
+
+def _wait_lowering(ctx, ticket, *static, op, params, avals):
+    return lower_comm_call(ctx, WAIT_TARGET, [ticket, *static], {})
+
+
+def wait(ticket, static: list, prim: jex_core.Primitive, params: dict, avals: list) -> list:
+    """The results of the op ``prim`` with ``params`` on data of ``avals``
+    (and ``static`` operands) started as ``ticket``."""
+    return wait_p.bind(ticket, *static, op=prim, params=tuple(sorted(params.items())),
+                       avals=tuple(core.ShapedArray(a.shape, a.dtype) for a in avals))
+
+
+def _wait_jvp(primals, tangents, *, op, params, avals):
+    outs = wait_p.bind(*primals, op=op, params=params, avals=avals)
+    zeros = [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
+    if type(tangents[0]) is ad.Zero:
+        return outs, zeros
+    moved = wait_p.bind(tangents[0], *primals[1:], op=op, params=params, avals=avals)
+    return outs, [m if _differentiable(jax.typeof(o)) else z
+                  for m, o, z in zip(moved, outs, zeros)]
+
+
+def _wait_transpose(cts, ticket, *static, op, params, avals):
+    if all(type(ct) is ad.Zero for ct in cts):
+        return [ad.Zero(_TICKET)] + [None] * len(static)
+    results = _results(op, [jax.typeof(s) for s in static], avals, params)
+    cts = [jnp.zeros(r.shape, r.dtype) if type(ct) is ad.Zero or not _differentiable(r)
+           else ct for ct, r in zip(cts, results)]
+    adjoint = ADJOINTS[op](static, dict(params), list(avals))
+    return [start(adjoint.prim, [*adjoint.static, *cts], adjoint.params,
+                  len(adjoint.static))] + [None] * len(static)
+
+
+def _not_batchable(name):
+    def rule(args, dims, **params):
+        raise NotImplementedError(
+            f"jaxfog: the nonblocking ops cannot be vmapped on MPI processes ({name}): "
+            "start and wait them outside vmap, or use the blocking op inside")
+
+    return rule
+
+
+ad.primitive_jvps[start_p] = _start_jvp
+ad.primitive_transposes[start_p] = _start_transpose
+ad.primitive_jvps[wait_p] = _wait_jvp
+ad.primitive_transposes[wait_p] = _wait_transpose
+batching.primitive_batchers[start_p] = _not_batchable("start")
+batching.primitive_batchers[wait_p] = _not_batchable("wait")
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(start_p, _start_lowering, platform=_platform)
+    mlir.register_lowering(wait_p, _wait_lowering, platform=_platform)
+
+
+def done(ticket: Any) -> bool | None:
+    """Whether the op of a concrete ``ticket`` has finished (None: not pending)."""
+    state = ffi.library().jaxfog_handle_done(float(np.asarray(ticket)))
+    return None if state < 0 else bool(state)
+
+
+def _discard_pending() -> None:
+    """At shutdown (after the fence: every started op has finished): forgets
+    the ops never waited for, and warns of them."""
+    text = ctypes.create_string_buffer(1024)
+    count = ffi.library().jaxfog_handles_discard(text, len(text))
+    if count:
+        warnings.warn(f"jaxfog.shutdown: {count} nonblocking op(s) never waited for "
+                      f"({text.value.decode()}); their results are discarded. Call "
+                      "jaxfog.wait on every handle", RuntimeWarning)
+
+
+runtime._before_shutdown.append(_discard_pending)
