@@ -27,7 +27,9 @@ OPS = {
     "neighbor_allreduce_nonblocking": "nonblocking",
     "neighbor_allgather_nonblocking": "nonblocking", "pair_gossip_nonblocking": "nonblocking",
     "allreduce_nonblocking": "nonblocking", "broadcast_nonblocking": "nonblocking",
-    "allgather_nonblocking": "nonblocking", "wait": "nonblocking", "Handle": "nonblocking",
+    "allgather_nonblocking": "nonblocking", "win_put_nonblocking": "nonblocking",
+    "win_accumulate_nonblocking": "nonblocking", "win_get_nonblocking": "nonblocking",
+    "wait": "nonblocking", "Handle": "nonblocking",
 }
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +101,10 @@ def _start_jvp(primals, tangents, *, op, params, n_static):
             for x, t in zip(xs, tangents[n_static:])]
     if not any(live):
         return ticket, ad.Zero(_TICKET)
+    if op not in ADJOINTS:
+        raise TypeError(f"jaxfog.{op.name.removeprefix('jaxfog_')} is not differentiable: "
+                        "it writes into other ranks' windows, a side effect with no "
+                        "tangent; differentiate the local computation around it")
     tangent = start_p.bind(*static, *_tangent_operands(xs, tangents[n_static:]), op=op,
                            params=params, n_static=n_static)
     return ticket, tangent
@@ -180,6 +184,57 @@ batching.primitive_batchers[wait_p] = _not_batchable("wait")
 for _platform in ("cpu", "cuda"):
     mlir.register_lowering(start_p, _start_lowering, platform=_platform)
     mlir.register_lowering(wait_p, _wait_lowering, platform=_platform)
+
+# --- the MPI backend's ops as calls, started and waited for -------------------------
+
+
+class Call(NamedTuple):
+    """One FFI primitive's call, and the local step after it: ``post(outs,
+    kept)`` (hashable; None: the results as they come), ``kept`` the arrays
+    it needs besides the results. A nonblocking op starts the call and runs
+    ``post`` at the wait."""
+
+    prim: Any
+    operands: list
+    params: dict
+    n_static: int = 0  # operands before the data (a schedule's step)
+    post: Any = None
+    kept: list = []
+
+    def run(self) -> list:
+        outs = self.prim.bind(*self.operands, **self.params)
+        return outs if self.post is None else self.post(outs, self.kept)
+
+
+class Started(NamedTuple):
+    """What waiting for a started :class:`Call` needs besides its arrays
+    (``[ticket, *static operands, *kept]``); hashable."""
+
+    prim: Any
+    params: tuple
+    avals: tuple  # the data operands'
+    n_static: int
+    post: Any
+    n_kept: int
+
+
+def start_call(call: Call) -> tuple[list, Started]:
+    """Starts ``call``: the arrays its handle holds and how to finish it."""
+    ticket = start(call.prim, call.operands, call.params, call.n_static)
+    static, data = call.operands[:call.n_static], call.operands[call.n_static:]
+    avals = tuple(core.ShapedArray(jnp.shape(x), jnp.result_type(x)) for x in data)
+    return ([ticket, *static, *call.kept],
+            Started(call.prim, tuple(sorted(call.params.items())), avals, call.n_static,
+                    call.post, len(call.kept)))
+
+
+def wait_call(arrays: list, started: Started) -> list:
+    """The results of the call started as ``arrays`` (from :func:`start_call`)."""
+    ticket, rest = arrays[0], list(arrays[1:])
+    static, kept = rest[:started.n_static], rest[started.n_static:]
+    outs = wait(ticket, static, started.prim, dict(started.params), list(started.avals))
+    return outs if started.post is None else started.post(outs, kept)
+
 
 
 def done(ticket: Any) -> bool | None:

@@ -73,6 +73,15 @@ def _start(op: str, x: Any, args: Any) -> Handle:
     return Handle(arrays, (op, started, treedef))
 
 
+def _start_put(x: Any, name: str, self_weight: Any, dst_weights: Any, require_mutex: bool,
+               accumulate: bool) -> Handle:
+    args = _args.win_put(name=name, self_weight=self_weight, dst_weights=dst_weights,
+                         require_mutex=require_mutex, accumulate=accumulate)
+    leaves, treedef = _args.leaves(args.what, x)
+    arrays, started = _backends.current().start("win_put", leaves, treedef, args)
+    return Handle(arrays, (args.what.removeprefix("jaxfog."), started, treedef))
+
+
 def wait(handle: Handle) -> Any:
     """The result of the nonblocking op ``handle`` started.
 
@@ -139,6 +148,29 @@ def allgather_nonblocking(x: Any, *, name: str | None = None) -> Handle:
     return _start("allgather", x, _args.allgather(name=name))
 
 
+def win_put_nonblocking(x: Any, name: str, *, self_weight: float | None = None,
+                        dst_weights: Any = None, require_mutex: bool = False) -> Handle:
+    """Starts :func:`jaxfog.win_put` (same arguments); :func:`wait` gives
+    ``self_weight * x`` once the writes have completed at the destinations."""
+    return _start_put(x, name, self_weight, dst_weights, require_mutex, accumulate=False)
+
+
+def win_accumulate_nonblocking(x: Any, name: str, *, self_weight: float | None = None,
+                               dst_weights: Any = None, require_mutex: bool = False) -> Handle:
+    """Starts :func:`jaxfog.win_accumulate` (same arguments)."""
+    return _start_put(x, name, self_weight, dst_weights, require_mutex, accumulate=True)
+
+
+def win_get_nonblocking(name: str, *, src_weights: Any = None,
+                        require_mutex: bool = False) -> Handle:
+    """Starts :func:`jaxfog.win_get` (same arguments); :func:`wait` gives True
+    once the slots hold what was read."""
+    args = _args.win_get(name=name, src_weights=src_weights, require_mutex=require_mutex)
+    arrays, started = _backends.current().start("win_get", args)
+    return Handle(arrays, ("win_get", started, jax.tree.structure(True)))
+
+
 __all__ = ["Handle", "allgather_nonblocking", "allreduce_nonblocking",
            "broadcast_nonblocking", "neighbor_allgather_nonblocking",
-           "neighbor_allreduce_nonblocking", "pair_gossip_nonblocking", "wait"]
+           "neighbor_allreduce_nonblocking", "pair_gossip_nonblocking", "wait",
+           "win_accumulate_nonblocking", "win_get_nonblocking", "win_put_nonblocking"]

@@ -258,9 +258,10 @@ class SimulatedBackend:
 
     # A nonblocking op is computed at its start and held back until its wait,
     # where the agent's clock waits for its messages.
-    def start(self, op: str, leaves: list, args: Any) -> tuple[list, Started]:
+    def start(self, op: str, *inputs: Any) -> tuple[list, Started]:
         with _clock.deferred() as arrivals:
-            outs = list(getattr(self, op)(leaves, args))
+            outs = getattr(self, op)(*inputs)
+        outs = [True] if outs is True else list(outs)  # a get: True
         if not arrivals:
             return outs, Started(len(outs), False)
         return [*outs, functools.reduce(jnp.maximum, arrivals)], Started(len(outs), True)

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-from jax import core
 
 from jaxfog import ffi, runtime
 from jaxfog.errors import JaxfogTimeoutError
 from jaxfog import topology as T
 from jaxfog.ops import _args, _nonblocking, _plan
+from jaxfog.ops._nonblocking import Call, Started
 from jaxfog.ops import _primitives as P
 from jaxfog.ops._backends import mpi_windows
 
@@ -74,36 +74,6 @@ def _plan_for(graph: T.Topology | T.Schedule, rank: int,
         return _plan.from_topology(graph, rank)
     return _plan.from_local_view(graph, rank, *local_view(local_view_, rank, what, labels),
                                  what=what, labels=labels)
-
-
-class Call(NamedTuple):
-    """One FFI primitive's call, and the local step after it: ``post(outs,
-    kept)`` (hashable; None: the results as they come), ``kept`` the arrays
-    it needs besides the results. A nonblocking op starts the call and runs
-    ``post`` at the wait."""
-
-    prim: Any
-    operands: list
-    params: dict
-    n_static: int = 0  # operands before the data (a schedule's step)
-    post: Any = None
-    kept: list = []
-
-    def run(self) -> list:
-        outs = self.prim.bind(*self.operands, **self.params)
-        return outs if self.post is None else self.post(outs, self.kept)
-
-
-class Started(NamedTuple):
-    """What waiting for a started :class:`Call` needs besides its arrays
-    (``[ticket, *static operands, *kept]``); hashable."""
-
-    prim: Any
-    params: tuple
-    avals: tuple  # the data operands'
-    n_static: int
-    post: Any
-    n_kept: int
 
 
 def _mix(leaves: list, plan: _plan.Plan, step: Any, comm_id: int) -> Call:
@@ -253,25 +223,17 @@ class MpiBackend:
         return Call(P.allgather_p, list(leaves),
                     {"size": runtime.size(), "comm_id": runtime.WORLD_COMM_ID})
 
-    # Nonblocking ops: the call started (its ticket and what the wait needs).
-    def start(self, op: str, leaves: list, args: Any) -> tuple[list, Started]:
+    # Nonblocking ops: each op's Call started, and finished at the wait.
+    def start(self, op: str, *inputs: Any) -> tuple[list, Started]:
         build = getattr(self, "_" + op, None)
         if build is None:
             raise NotImplementedError(f"jaxfog.{op} has no nonblocking form")
-        call = build(leaves, args)
-        ticket = _nonblocking.start(call.prim, call.operands, call.params, call.n_static)
-        static, data = call.operands[:call.n_static], call.operands[call.n_static:]
-        avals = tuple(core.ShapedArray(jnp.shape(x), jnp.result_type(x)) for x in data)
-        return ([ticket, *static, *call.kept],
-                Started(call.prim, tuple(sorted(call.params.items())), avals, call.n_static,
-                        call.post, len(call.kept)))
+        return _nonblocking.start_call(build(*inputs))
 
-    def wait(self, arrays: list, started: Started) -> list:
-        ticket, rest = arrays[0], list(arrays[1:])
-        static, kept = rest[:started.n_static], rest[started.n_static:]
-        outs = _nonblocking.wait(ticket, static, started.prim, dict(started.params),
-                                 list(started.avals))
-        return outs if started.post is None else started.post(outs, kept)
+    wait = staticmethod(_nonblocking.wait_call)
+
+    _win_put = staticmethod(mpi_windows.win_put_call)
+    _win_get = staticmethod(mpi_windows.win_get_call)
 
     def barrier(self) -> None:
         P.barrier_p.bind(comm_id=runtime.WORLD_COMM_ID)

@@ -25,6 +25,7 @@ from jaxfog.errors import JaxfogError
 from jaxfog.ops import _args, _jax_compat, _plan, _primitive
 from jaxfog.ops import _primitives as P
 from jaxfog.ops.jit import jit
+from jaxfog.ops._nonblocking import Call
 from jaxfog.ops._backends import _numerics, _window_spec
 
 _ALIGN = 64  # the C++ window layout: each leaf (and the weight) at a multiple of 64 bytes
@@ -172,7 +173,24 @@ def _self_weight(value: Any, default: float, what: str) -> float:
     return _plan.weight(default if value is None else value, f"{what}: self_weight")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Returns:
+    """What a put returns once it has run: its value scaled by ``self_weight``
+    (a get: True)."""
+
+    self_weight: float | None
+
+    def __call__(self, outs: list, kept: list) -> list:
+        if self.self_weight is None:
+            return [True]
+        return [_numerics.scaled(leaf, self.self_weight) for leaf in kept]
+
+
 def win_put(leaves: list, treedef: Any, args: _args.WinPut) -> list:
+    return win_put_call(leaves, treedef, args).run()
+
+
+def win_put_call(leaves: list, treedef: Any, args: _args.WinPut) -> Call:
     window = lookup(args.name, args.what)
     window.spec.check_value(treedef, leaves, args.what)
     rank, topology = runtime.rank(), runtime.load_topology()
@@ -183,18 +201,21 @@ def win_put(leaves: list, treedef: Any, args: _args.WinPut) -> list:
     if args.into_values:
         if not args.accumulate:
             raise ValueError(f"{args.what}: only an accumulate can target published values")
-        P.win_accumulate_p.bind(*leaves, win_id=window.id, self_weight=1.0, dst_ranks=ranks,
-                                dst_regions=(0,) * len(ranks),
-                                dst_weights=tuple(dsts[d] for d in ranks),
-                                require_mutex=args.require_mutex)
-        return list(leaves)
+        return Call(P.win_accumulate_p, list(leaves),
+                    {"win_id": window.id, "self_weight": 1.0, "dst_ranks": ranks,
+                     "dst_regions": (0,) * len(ranks),
+                     "dst_weights": tuple(dsts[d] for d in ranks),
+                     "require_mutex": args.require_mutex},
+                    post=_Returns(1.0), kept=list(leaves))
     window.spec.check_sources(np.array(ranks, int), np.full(len(dsts), rank), args.what)
     prim = P.win_accumulate_p if args.accumulate else P.win_put_p
     self_weight = _self_weight(args.self_weight, 1.0, args.what)
-    prim.bind(*leaves, win_id=window.id, self_weight=self_weight, dst_ranks=ranks,
-              dst_regions=tuple(window.region[d, rank] for d in ranks),
-              dst_weights=tuple(dsts[d] for d in ranks), require_mutex=args.require_mutex)
-    return [_numerics.scaled(leaf, self_weight) for leaf in leaves]
+    return Call(prim, list(leaves),
+                {"win_id": window.id, "self_weight": self_weight, "dst_ranks": ranks,
+                 "dst_regions": tuple(window.region[d, rank] for d in ranks),
+                 "dst_weights": tuple(dsts[d] for d in ranks),
+                 "require_mutex": args.require_mutex},
+                post=_Returns(self_weight), kept=list(leaves))
 
 
 def _sources(window: _Window, peers: _args.Peers | None, default: np.ndarray,
@@ -210,15 +231,20 @@ def _sources(window: _Window, peers: _args.Peers | None, default: np.ndarray,
 
 
 def win_get(args: _args.WinGet) -> bool:
+    return win_get_call(args).run()[0]
+
+
+def win_get_call(args: _args.WinGet) -> Call:
     window = lookup(args.name, args.what)
     rank = runtime.rank()
     srcs = _sources(window, args.src, window.spec.sources[rank].astype(float), args.what)
     ranks = tuple(sorted(srcs))
-    P.win_get_p.bind(win_id=window.id, self_weight=1.0, src_ranks=ranks,
-                     src_regions=tuple(window.region[rank, j] for j in ranks),
-                     src_weights=tuple(srcs[j] for j in ranks),
-                     require_mutex=args.require_mutex)
-    return True
+    return Call(P.win_get_p, [],
+                {"win_id": window.id, "self_weight": 1.0, "src_ranks": ranks,
+                 "src_regions": tuple(window.region[rank, j] for j in ranks),
+                 "src_weights": tuple(srcs[j] for j in ranks),
+                 "require_mutex": args.require_mutex},
+                post=_Returns(None))
 
 
 def win_update(leaves: list, treedef: Any, args: _args.WinUpdate) -> list:

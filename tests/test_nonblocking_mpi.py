@@ -1,0 +1,273 @@
+"""Nonblocking ops on real MPI processes: start/wait gives the blocking op's
+values (numpy on the global X), across jit calls and scan carries, with
+inputs donated at once, waits in any order, and gradients through start/wait
+equal to the blocking op's."""
+
+from __future__ import annotations
+
+import pytest
+from mpi_harness import mpi_test
+
+pytestmark = pytest.mark.jax_internals
+
+
+def _setup(seed: int = 0, shape=(6,)):
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    import jaxfog as jf
+    from reference import global_values
+
+    jf.init()
+    return jf, jf.rank(), jf.size(), global_values(jf.size(), shape, seed)
+
+
+@mpi_test((2, 4, 5))
+def test_every_nonblocking_op_gives_the_blocking_value():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog.topology as T
+
+    jf, r, n, X = _setup()
+    topo = T.exponential(n)
+    jf.set_topology(topo)
+    W = topo.weights
+    schedule = T.one_peer_exponential(n) if n > 2 else T.Schedule([T.ring(n)])
+    ints = np.arange(n * 3).reshape(n, 3).astype(np.int32) * 7
+    x = {"f": jnp.asarray(X[r]), "i": jnp.asarray(ints[r])}
+    table = np.array([[(i - 1) % n, i] for i in range(n)])  # each row: left neighbour, self
+    cases = {
+        "neighbor_allreduce": (lambda x: jf.neighbor_allreduce_nonblocking(x),
+                               {"f": (W @ X)[r], "i": np.rint(W @ ints)[r]}),
+        "schedule": (lambda x, s: jf.neighbor_allreduce_nonblocking(x, topology=schedule,
+                                                                     step=s),
+                     None),
+        "allreduce": (lambda x: jf.allreduce_nonblocking(x, "sum"),
+                      {"f": X.sum(0), "i": ints.sum(0)}),
+        "broadcast": (lambda x: jf.broadcast_nonblocking(x, root=n - 1),
+                      {"f": X[n - 1], "i": ints[n - 1]}),
+        "allgather": (lambda x: jf.allgather_nonblocking(x),
+                      {"f": X.reshape(-1), "i": ints.reshape(-1)}),
+        "neighbor_allgather": (lambda x: jf.neighbor_allgather_nonblocking(x),
+                               {"f": X[topo.in_neighbors(r)].reshape(-1),
+                                "i": ints[topo.in_neighbors(r)].reshape(-1)}),
+        "neighbor_allgather_table": (
+            lambda x: jf.neighbor_allgather_nonblocking(x, src_ranks=table),
+            {"f": X[table[r]].reshape(-1), "i": ints[table[r]].reshape(-1)}),
+        "pair_gossip": (lambda x: jf.pair_gossip_nonblocking(x, r ^ 1 if (r ^ 1) < n else r),
+                        None),
+    }
+    for name, (start, expected) in cases.items():
+        if name == "schedule":
+            for step in range(3):
+                want = (schedule.at(step).weights @ X)[r]
+                for got in (jf.wait(start(x, step)),
+                            jax.jit(lambda x, s: jf.wait(start(x, s)))(x, jnp.int32(step))):
+                    np.testing.assert_allclose(got["f"], want, rtol=1e-13, err_msg=name)
+            continue
+        if name == "pair_gossip":
+            peer = r ^ 1 if (r ^ 1) < n else r
+            expected = {"f": (X[r] + X[peer]) / 2, "i": np.rint((ints[r] + ints[peer]) / 2)}
+        eager = jf.wait(start(x))
+        jitted = jax.jit(lambda x: jf.wait(start(x)))(x)
+        for got in (eager, jitted):
+            np.testing.assert_allclose(got["f"], expected["f"], rtol=1e-13, err_msg=name)
+            np.testing.assert_array_equal(got["i"], expected["i"], err_msg=name)
+            assert got["i"].dtype == jnp.int32, name
+
+
+@mpi_test((2, 4))
+def test_handles_cross_jit_calls_and_scan_carries():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog.topology as T
+
+    jf, r, n, X = _setup(seed=1)
+    topo = T.ring(n)
+    jf.set_topology(topo)
+    W = topo.weights
+
+    # Started in one compiled call, waited for in another, with a blocking op between.
+    start = jax.jit(lambda x: jf.neighbor_allreduce_nonblocking(x))
+    finish = jax.jit(lambda h, y: jf.wait(h) + y)
+    handle = start(jnp.asarray(X[r]))
+    total = jf.allreduce(jnp.asarray(X[r]), "sum")
+    np.testing.assert_allclose(finish(handle, total), (W @ X)[r] + X.sum(0), rtol=1e-13)
+
+    # Delayed averaging in a scan: x_{t+1} = x_t - lr * g(x_t) mixed with the
+    # neighbours' values of the previous step, x_{t+1} = (W x_{t-1}) ...
+    steps, lr = 6, 0.1
+
+    def body(carry, _):
+        x, handle = carry
+        nxt = jf.neighbor_allreduce_nonblocking(x)
+        x = 0.5 * x + 0.5 * jf.wait(handle) - lr * x
+        return (x, nxt), x
+
+    @jax.jit
+    def run(x):
+        (x, handle), xs = jax.lax.scan(body, (x, jf.neighbor_allreduce_nonblocking(x)), None,
+                                       length=steps)
+        return xs, jf.wait(handle)
+
+    xs, last = run(jnp.asarray(X[r]))
+    Xs, prev, cur = [], X, X
+    for _ in range(steps):
+        nxt = 0.5 * cur + 0.5 * (W @ prev) - lr * cur
+        prev, cur = cur, nxt
+        Xs.append(cur[r])
+    np.testing.assert_allclose(xs, np.stack(Xs), rtol=1e-12)
+    np.testing.assert_allclose(last, (W @ prev)[r], rtol=1e-12)
+
+
+@mpi_test((2, 4))
+def test_inputs_donated_at_start_and_waits_in_any_order():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    jf, r, n, X = _setup(seed=2, shape=(1 << 16,))  # 512 KiB: the thread moves it
+    x = jnp.asarray(X[r])
+    first = jax.jit(lambda x: jf.allreduce_nonblocking(x, "sum"))(x)
+    # The next computation takes x's buffer over and overwrites it at once:
+    # the start copied what it sends.
+    y = jax.jit(lambda x: x * 3 + 1, donate_argnums=0)(x)
+    assert x.is_deleted()
+    np.testing.assert_allclose(y, X[r] * 3 + 1, rtol=1e-12, atol=1e-12)
+    second = jf.broadcast_nonblocking(jnp.asarray(X[r]) * 2, root=0)
+    third = jf.allgather_nonblocking(jnp.asarray(X[r][:5]))
+    order = [first, second, third] if r % 2 else [third, second, first]
+    got = {id(h): jf.wait(h) for h in order}
+    np.testing.assert_allclose(got[id(first)], X.sum(0), rtol=1e-12)
+    np.testing.assert_allclose(got[id(second)], 2 * X[0], rtol=1e-13)
+    np.testing.assert_allclose(got[id(third)], X[:, :5].reshape(-1), rtol=1e-13)
+
+
+@mpi_test((2, 4))
+def test_gradients_through_start_and_wait_equal_the_blocking_ops():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    jf, r, n, X = _setup(seed=3)
+    x = jnp.asarray(X[r])
+    push = dict(self_weight=0.4, src_weights={(r - 1) % n: 0.6}, dst_weights={(r + 1) % n: 0.5})
+    pairs = [
+        (lambda x: jf.neighbor_allreduce(x, **push),
+         lambda x: jf.neighbor_allreduce_nonblocking(x, **push)),
+        (lambda x: jf.allreduce(x), lambda x: jf.allreduce_nonblocking(x)),
+        (lambda x: jf.broadcast(x, root=1), lambda x: jf.broadcast_nonblocking(x, root=1)),
+        (lambda x: jf.allgather(x), lambda x: jf.allgather_nonblocking(x)),
+        (lambda x: jf.neighbor_allgather(x), lambda x: jf.neighbor_allgather_nonblocking(x)),
+    ]
+    for blocking, start in pairs:
+        def loss_blocking(x):
+            y = blocking(x)
+            return jnp.sum(jnp.sin(x).sum() * y ** 2)
+
+        def loss_nonblocking(x):
+            handle = start(x)
+            between = jnp.sin(x).sum()  # computed while the messages move
+            return jnp.sum(between * jf.wait(handle) ** 2)
+
+        want = jax.grad(loss_blocking)(x)
+        np.testing.assert_allclose(jax.grad(loss_nonblocking)(x), want, rtol=1e-12)
+        np.testing.assert_allclose(jax.jit(jax.grad(loss_nonblocking))(x), want, rtol=1e-12)
+        tangent = jnp.cos(x)
+        _, jvp_want = jax.jvp(loss_blocking, (x,), (tangent,))
+        _, jvp_got = jax.jvp(loss_nonblocking, (x,), (tangent,))
+        np.testing.assert_allclose(jvp_got, jvp_want, rtol=1e-12)
+
+    # Through a scan whose carry holds the handle (the last one never waited
+    # for in the loss: its cotangent is zero).
+    def unrolled(x, nonblocking):
+        def body(carry, _):
+            x, h = carry
+            if nonblocking:
+                nxt = jf.neighbor_allreduce_nonblocking(x)
+                return (jnp.tanh(x) + jf.wait(h), nxt), None
+            return (jnp.tanh(x) + jf.neighbor_allreduce(h), x), None
+
+        init = jf.neighbor_allreduce_nonblocking(x) if nonblocking else x
+        (x, h), _ = jax.lax.scan(body, (x, init), None, length=3)
+        if nonblocking:
+            jf.wait(h)  # waited for, unused
+        return jnp.sum(x ** 2)
+
+    np.testing.assert_allclose(jax.jit(jax.grad(lambda x: unrolled(x, True)))(x),
+                               jax.grad(lambda x: unrolled(x, False))(x), rtol=1e-12)
+
+
+@mpi_test((2,))
+def test_misuse_gets_a_clear_error():
+    import warnings
+
+    import jax
+    import jax.numpy as jnp
+    import pytest
+
+    from jaxfog.errors import HandleError
+
+    jf, r, n, X = _setup(seed=4)
+    x = jnp.asarray(X[r])
+    handle = jf.allreduce_nonblocking(x)
+    jf.wait(handle)
+    with pytest.raises(HandleError, match="already waited"):
+        jf.wait(handle)
+    copy = jax.tree.map(lambda a: a, jf.allreduce_nonblocking(x))
+    jf.wait(copy)
+    again = jax.tree.unflatten(jax.tree.structure(copy), jax.tree.leaves(copy))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="not pending on this process"):
+        jf.wait(again)
+    with pytest.raises(HandleError, match="expected a Handle"):
+        jf.wait(x)
+    with pytest.raises(NotImplementedError, match="cannot be vmapped"):
+        jax.vmap(lambda v: jf.wait(jf.allreduce_nonblocking(v)))(jnp.stack([x, x]))
+    jf.barrier()
+    jf.neighbor_allreduce_nonblocking(x)  # never waited for
+    jf.allreduce_nonblocking(x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jf.shutdown()
+    messages = [str(w.message) for w in caught]
+    assert any("2 nonblocking op(s) never waited for" in m and "neighbor_allreduce" in m
+               for m in messages), messages
+
+
+@mpi_test((2, 4))
+def test_window_ops_nonblocking():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import pytest
+
+    import jaxfog.topology as T
+
+    jf, r, n, X = _setup(seed=5, shape=(4,))
+    jf.set_topology(T.ring(n, style=2))  # r sends to r + 1
+    left, right = (r - 1) % n, (r + 1) % n
+    x = jnp.asarray(X[r])
+    jf.win_create(x, "w", zero_init=True)
+    handle = jf.win_accumulate_nonblocking(x, "w", self_weight=0.5, dst_weights={right: 0.5})
+    np.testing.assert_allclose(jf.wait(handle), 0.5 * X[r], rtol=1e-13)
+    handle = jax.jit(lambda x: jf.win_put_nonblocking(x, "w", dst_weights={right: 2.0}))(x)
+    np.testing.assert_allclose(jf.wait(handle), X[r], rtol=1e-13)
+    jf.barrier()  # every put has landed
+    # My slot for the left neighbour: 2 x_left (the put replaced the accumulate).
+    np.testing.assert_allclose(jf.win_update(jnp.zeros(4), "w", self_weight=0.0,
+                                             src_weights={left: 1.0}),
+                               2 * X[left], rtol=1e-13)
+    jf.barrier()
+    assert jf.wait(jf.win_get_nonblocking("w", src_weights={left: 0.25})) is True
+    np.testing.assert_allclose(jf.win_update(jnp.zeros(4), "w", self_weight=0.0,
+                                             src_weights={left: 1.0}),
+                               # left's update published 2 x_{left - 1}
+                               0.25 * 2 * X[(r - 2) % n], rtol=1e-13)
+    with pytest.raises(TypeError, match="not differentiable"):
+        jax.grad(lambda x: jnp.sum(jf.wait(jf.win_put_nonblocking(x, "w"))))(x)
+    jf.barrier()
+    jf.win_free("w")
