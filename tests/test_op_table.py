@@ -21,14 +21,17 @@ C_API = {"jaxfog_register_mpi_comm", "jaxfog_release_comm", "jaxfog_timeline_sta
          "jaxfog_nccl_id_bytes", "jaxfog_nccl_load", "jaxfog_nccl_unique_id",
          "jaxfog_register_nccl_comm", "jaxfog_drop_nccl_comm", "jaxfog_cuda_device_uuid",
          "jaxfog_watch_peers", "jaxfog_say_goodbye", "jaxfog_unwatch_peers",
-         "jaxfog_set_staging_keep_bytes"}
+         "jaxfog_set_staging_keep_bytes", "jaxfog_handle_done", "jaxfog_handles_discard"}
 
 
 def handler_symbols() -> set[str]:
-    """Per op, its handler and its two host-staged forms (CUDA buffers, and
-    CPU buffers for the tests), plus the NCCL transport's handlers if built."""
+    """Per op, its handler, its two host-staged forms (CUDA buffers, and CPU
+    buffers for the tests) and its two nonblocking starts (CPU, CUDA); the
+    nonblocking ops' waits; the NCCL transport's handlers if built."""
     table = ffi.op_table().values()
-    symbols = {spec.target + suffix for spec in table for suffix in ("", "_staged", "_host_staged")}
+    symbols = {spec.target + suffix for spec in table
+               for suffix in ("", "_staged", "_host_staged", "_start", "_start_staged")}
+    symbols |= {"jaxfog_wait", "jaxfog_wait_staged"}
     return symbols | (set(ffi.nccl_targets()) if ffi.nccl_built() else set())
 
 MESSAGE_OPS = {"neighbor_allreduce": 1, "neighbor_allgather": 2, "neighbor_reduce_scatter": 3,
@@ -72,7 +75,8 @@ def test_register_handlers_registers_every_target(monkeypatch):
     monkeypatch.setattr(jax.ffi, "register_ffi_target",
                         lambda name, *args, platform, **kwargs: registered.append((name, platform)))
     ffi.register_handlers.__wrapped__()  # uncached: the cached one may have run already
-    targets = [spec.target for spec in ffi.op_table().values()]
+    targets = [spec.target + suffix for spec in ffi.op_table().values()
+               for suffix in ("", "_start")] + ["jaxfog_wait"]
     expected = [(t, "cpu") for t in targets]
     if ffi.cuda_built():  # the same names, bound to the host-staged CUDA handlers
         expected += [(t, "CUDA") for t in targets]

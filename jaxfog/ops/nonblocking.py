@@ -99,6 +99,14 @@ def wait(handle: Handle) -> Any:
     return jax.tree.unflatten(treedef, _backends.current().wait(list(handle.arrays), started))
 
 
+def wait_all(tree: Any) -> Any:
+    """``tree`` with each :class:`Handle` in it replaced by its result
+    (:func:`wait`); e.g. ``jaxfog.wait_all(opt_state)`` when training ends,
+    for the exchanges an optimizer keeps in flight."""
+    return jax.tree.map(lambda leaf: wait(leaf) if isinstance(leaf, Handle) else leaf, tree,
+                        is_leaf=lambda leaf: isinstance(leaf, Handle))
+
+
 def neighbor_allreduce_nonblocking(x: Any, *, self_weight: float | None = None,
                                    src_weights: dict[int, float] | None = None,
                                    dst_weights: dict[int, float] | Sequence[int] | None = None,
@@ -172,5 +180,5 @@ def win_get_nonblocking(name: str, *, src_weights: Any = None,
 
 __all__ = ["Handle", "allgather_nonblocking", "allreduce_nonblocking",
            "broadcast_nonblocking", "neighbor_allgather_nonblocking",
-           "neighbor_allreduce_nonblocking", "pair_gossip_nonblocking", "wait",
+           "neighbor_allreduce_nonblocking", "pair_gossip_nonblocking", "wait", "wait_all",
            "win_accumulate_nonblocking", "win_get_nonblocking", "win_put_nonblocking"]

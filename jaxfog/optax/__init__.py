@@ -92,7 +92,8 @@ References:
 from jaxfog.optax._common import check_chain
 from jaxfog.optax._gossip import ErrorFeedbackState, PublicCopies
 from jaxfog.optax.compressed import BeerState, ChocoState, beer, choco
-from jaxfog.optax.diffusion import DiffusionState, atc, awc, gradient_allreduce
+from jaxfog.optax.diffusion import (DelayedDiffusionState, DiffusionState, atc, awc,
+                                    gradient_allreduce)
 from jaxfog.optax.exact import (ExactDiffusionState, TrackingState, exact_diffusion,
                                 gradient_tracking)
 from jaxfog.optax.local_sgd import (DiLoCoState, LocalSGDState, NoLoCoState, diloco, local_sgd,
@@ -101,7 +102,8 @@ from jaxfog.optax.push_sum import (AsyncPushSumState, PushDigingState, PushSumSt
                                    async_push_sum, column_stochastic, mass_dtype,
                                    min_push_weight, push_diging, push_sum)
 
-__all__ = ["AsyncPushSumState", "BeerState", "ChocoState", "DiLoCoState", "DiffusionState",
+__all__ = ["AsyncPushSumState", "BeerState", "ChocoState", "DiLoCoState", "DelayedDiffusionState",
+           "DiffusionState",
            "ErrorFeedbackState", "ExactDiffusionState", "LocalSGDState", "NoLoCoState",
            "PublicCopies", "PushDigingState", "PushSumState", "TrackingState",
            "async_push_sum", "atc", "awc", "beer", "check_chain", "choco",

@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 
 from jaxfog import _validate as V
-from jaxfog.ops import allreduce, hierarchical_neighbor_allreduce, neighbor_allreduce
+from jaxfog import runtime
+from jaxfog import topology as T
+from jaxfog.ops import (allreduce, allreduce_nonblocking, hierarchical_neighbor_allreduce,
+                        neighbor_allreduce, neighbor_allreduce_nonblocking, wait)
 
 Tree = Any
 
@@ -103,3 +108,67 @@ def communicate(tree: Tree, topology: Any, count: jax.Array, communication: str,
 
 
 COMMUNICATIONS = ("neighbor", "allreduce", "hierarchical", "none")
+
+
+class Delayed(NamedTuple):
+    """The exchanges in flight of a delayed mixing, oldest first: each
+    ``(handle, sent, self_weight)``, the handle of the mix of ``sent`` with
+    a W whose diagonal entry for this agent is ``self_weight``."""
+
+    exchanges: tuple
+
+
+def check_delay(what: str, delay: Any, communication: str, global_every: Any) -> int:
+    """``delay``, checked: a non-negative integer, with communication that
+    has a nonblocking form."""
+    what = f"jaxfog.optax.{what}"
+    V.integer(what, "delay", delay, minimum=0)
+    if delay and (communication not in ("neighbor", "allreduce") or global_every is not None):
+        raise ValueError(f"{what}: delay= mixes with neighbour or global averaging "
+                         f"(communication='neighbor' or 'allreduce', no global_every); got "
+                         f"communication={communication!r}, global_every={global_every!r}")
+    return int(delay)
+
+
+def _self_weight(topology: Any, count: jax.Array, communication: str) -> jax.Array:
+    """This agent's diagonal entry of the W that mixes at step ``count``."""
+    if communication == "allreduce":
+        return jnp.asarray(1.0 / runtime.size())
+    graph = runtime.load_topology() if topology is None else topology
+    if isinstance(graph, T.Schedule):
+        table = np.stack([np.diagonal(t.weights) for t in graph])
+        return jnp.asarray(table)[count % graph.period, runtime.rank()]
+    return jnp.asarray(np.diagonal(graph.weights))[runtime.rank()]
+
+
+def _start_mix(tree: Tree, topology: Any, count: jax.Array, communication: str,
+               caller: str) -> tuple:
+    """Starts the mixing of ``tree`` (:func:`communicate`'s, nonblocking): an
+    entry of :class:`Delayed`."""
+    name = f"jaxfog.optax.{caller}"
+    if communication == "allreduce":
+        handle = allreduce_nonblocking(tree, name=name)
+    else:
+        handle = neighbor_allreduce_nonblocking(tree, topology=topology, step=count, name=name)
+    return handle, tree, _self_weight(topology, count, communication)
+
+
+def delayed_init(params: Tree, delay: int, topology: Any, communication: str,
+                 caller: str) -> Delayed:
+    """``delay`` exchanges of ``params`` in flight: in the first ``delay``
+    steps the neighbours' values are their initial ones."""
+    step = jnp.zeros([], jnp.int32)
+    return Delayed(tuple(_start_mix(params, topology, step, communication, caller)
+                         for _ in range(delay)))
+
+
+def delayed_mix(tree: Tree, delayed: Delayed, topology: Any, count: jax.Array,
+                communication: str, caller: str) -> tuple[Tree, Delayed]:
+    """Starts the mixing of ``tree`` and finishes the oldest exchange in flight:
+    ``w_ii tree + sum_{j != i} W_ij sent_j`` (this agent's fresh value, the
+    neighbours' as they were sent), and the exchanges left in flight."""
+    started = _start_mix(tree, topology, count, communication, caller)
+    (handle, sent, w), rest = delayed.exchanges[0], delayed.exchanges[1:]
+    mixed = jax.tree.map(lambda m, t, s: m + w.astype(t.dtype) * (t - s), wait(handle), tree,
+                         sent)
+    return mixed, Delayed((*rest, started))

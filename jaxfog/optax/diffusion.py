@@ -14,7 +14,9 @@ from jaxfog import _validate as V
 from jaxfog import compress as C
 from jaxfog.ops import allreduce
 from jaxfog.optax import _gossip as G
-from jaxfog.optax._common import COMMUNICATIONS, communicate, mixes_parameters, need_params, sub
+from jaxfog.optax._common import (COMMUNICATIONS, Delayed, check_delay, communicate,
+                                  delayed_init, delayed_mix, mixes_parameters, need_params,
+                                  sub)
 from jaxfog.optax._gossip import ErrorFeedbackState
 
 
@@ -39,10 +41,49 @@ class DiffusionState(NamedTuple):
     count: jax.Array
 
 
+class DelayedDiffusionState(NamedTuple):
+    """State of :func:`atc` and :func:`awc` with ``delay=d``: as
+    :class:`DiffusionState`, and the ``d`` exchanges in flight."""
+
+    inner: optax.OptState
+    count: jax.Array
+    #: The exchanges in flight, oldest first: ``(handle, sent)`` pairs, each
+    #: handle (:class:`jaxfog.Handle`) mixing what was sent.
+    in_flight: Delayed
+
+
+def _delayed(what: str, inner: optax.GradientTransformation, topology: Any,
+             communication: str, delay: int, mix_params: bool
+             ) -> optax.GradientTransformationExtraArgs:
+    """awc (``mix_params``: mix x) or atc (mix x + u) with each mix applied
+    ``delay`` steps after its exchange started."""
+
+    def init(params):
+        return DelayedDiffusionState(
+            inner.init(params), jnp.zeros([], jnp.int32),
+            delayed_init(params, delay, topology, communication, what))
+
+    def update(grads, state, params=None, **extra):
+        need_params(what, params)
+        if mix_params:  # started first: the exchange of x overlaps the inner update
+            mixed, in_flight = delayed_mix(params, state.in_flight, topology, state.count,
+                                           communication, what)
+        u, inner_state = inner.update(grads, state.inner, params, **extra)
+        if mix_params:
+            updates = jax.tree.map(lambda m, p, d: m - p + d, mixed, params, u)
+        else:
+            mixed, in_flight = delayed_mix(optax.apply_updates(params, u), state.in_flight,
+                                           topology, state.count, communication, what)
+            updates = sub(mixed, params)
+        return updates, DelayedDiffusionState(inner_state, state.count + 1, in_flight)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
 @mixes_parameters
 def atc(inner: optax.GradientTransformation, *, topology: Any = None,
-        communication: str = "neighbor",
-        global_every: int | None = None) -> optax.GradientTransformationExtraArgs:
+        communication: str = "neighbor", global_every: int | None = None,
+        delay: int = 0) -> optax.GradientTransformationExtraArgs:
     r"""Adapt then combine (ATC diffusion): a local optimizer step, then averaging.
 
     Every agent applies its inner update, then averages the result with its
@@ -113,10 +154,31 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
         whose counter is a multiple of ``p`` (the first step included) average
         over all agents instead (BlueFog paper, Listing 4). Another value
         raises ``ValueError`` here.
+      delay: ``0`` (default) or ``d >= 1``, delayed averaging: the exchange
+        started at step :math:`k` is waited for at step :math:`k + d`, so it
+        has ``d`` steps to travel (a slow link hidden behind computing), and
+        its correction is applied then:
+
+        this agent's fresh value mixed with the neighbours' values of ``d``
+        steps ago,
+
+        .. math::
+
+            y_i^k = x_i^k + u_i^k, \qquad
+            x_i^{k+1} = W_{ii}\, y_i^k + \sum_{j \ne i} W_{ij}\, y_j^{k-d},
+
+        with :math:`y^{k-d} = x^0` for :math:`k < d` and :math:`W` the
+        matrix of step :math:`k - d`. A convex combination of past values for
+        a nonnegative :math:`W`, so stable for every ``d``; ``d = 0`` is the
+        update above. Neighbour or ``"allreduce"`` communication, no
+        ``global_every``. The exchanges in flight are
+        :class:`jaxfog.Handle` s in the state (:class:`DelayedDiffusionState`);
+        wait for them when training ends (``jaxfog.wait_all(opt_state)``).
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is a
-      :class:`DiffusionState` (the inner state and the step counter).
+      :class:`DiffusionState` (the inner state and the step counter;
+      :class:`DelayedDiffusionState` with a delay).
       ``update(grads, state, params, **extra)`` needs ``params``
       (``ValueError`` without) and returns :math:`x_i^{k+1} - x_i^k`, the
       updates that move the parameters to the mixed values, so it must be the
@@ -140,6 +202,8 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
       eq. (4)-(5) and Listing 4.
     """
     _check_diffusion("atc", inner, topology, communication, global_every)
+    if check_delay("atc", delay, communication, global_every):
+        return _delayed("atc", inner, topology, communication, delay, mix_params=False)
 
     def init(params):
         return DiffusionState(inner.init(params), jnp.zeros([], jnp.int32))
@@ -158,7 +222,7 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
 def awc(inner: optax.GradientTransformation, *, topology: Any = None,
         communication: str = "neighbor", global_every: int | None = None,
         compressor: C.Compressor | None = None, gamma: float = 1.0, groups: Any = None,
-        seed: int = 0) -> optax.GradientTransformationExtraArgs:
+        seed: int = 0, delay: int = 0) -> optax.GradientTransformationExtraArgs:
     r"""Adapt with combine (decentralized gradient descent): average, add the local update.
 
     .. math::
@@ -216,6 +280,15 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
       gamma: the consensus step size with a compressor, in (0, 1].
       groups, seed: how leaves are grouped and the keys' seed, as for
         :func:`choco`.
+      delay: ``0`` (default) or ``d >= 1``, delayed averaging (as for
+        :func:`atc`): the exchange of :math:`x^k` is waited for at step
+        :math:`k + d`,
+
+        .. math::
+
+            x_i^{k+1} = W_{ii}\, x_i^k + \sum_{j \ne i} W_{ij}\, x_j^{k-d} + u_i^k,
+
+        with :math:`x^{k-d} = x^0` for :math:`k < d`; no compressor.
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -246,6 +319,10 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
       section V-A.
     """
     _check_diffusion("awc", inner, topology, communication, global_every)
+    if check_delay("awc", delay, communication, global_every):
+        if compressor is not None:
+            raise ValueError("jaxfog.optax.awc: delay= and compressor= do not combine")
+        return _delayed("awc", inner, topology, communication, delay, mix_params=True)
     if compressor is not None:
         if communication != "neighbor" or global_every is not None:
             raise ValueError("jaxfog.optax.awc: a compressor compresses neighbour "
@@ -327,6 +404,15 @@ def gradient_allreduce(inner: optax.GradientTransformation, *,
         allreduce).
       groups, seed: how leaves are grouped and the keys' seed, as for
         :func:`choco`.
+      delay: ``0`` (default) or ``d >= 1``, delayed averaging (as for
+        :func:`atc`): the exchange of :math:`x^k` is waited for at step
+        :math:`k + d`,
+
+        .. math::
+
+            x_i^{k+1} = W_{ii}\, x_i^k + \sum_{j \ne i} W_{ij}\, x_j^{k-d} + u_i^k,
+
+        with :math:`x^{k-d} = x^0` for :math:`k < d`; no compressor.
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is ``inner``'s
