@@ -20,11 +20,14 @@
 #   gpu-tests       tests/test_gpu.py whole (staged and nccl are parts of it)
 #   exit            scripts/exit_probe.py on the GPU: how long a process that used it
 #                   takes to exit, phase by phase (NCCL, host-staged, 2 ranks)
-#   mpi-suite       tests/test_ops_mpi.py on GPU arrays, host-staged
+#   mpi-suite       tests/test_ops_mpi.py and test_nonblocking_mpi.py on GPU arrays,
+#                   host-staged
 #   bench-exchange  exchange 1 KB..256 MB (NCCL, staged) against device copies and
 #                   host round trips, the staged allgather against its floor; dispatch
 #   bench-sim       the simulation backend, n = 16..1024 agents, d = 1e4..1e7
 #   lm              examples/train_lm.py --size gpu, 200 steps, 3 methods (tokens/s)
+#   overlap         benchmarks/bench_overlap.py on the CPU cores: how much of an
+#                   exchange start/wait hides behind the backward pass
 #   training        the digits demo, optax and windows on GPU arrays, host-staged
 #                   (last: the longest; one optax test alone took 93 s on the H200)
 # Explicit only: probe (the machine), mpi (a 2-rank MPI hello), units (build, JAX-compat
@@ -36,7 +39,7 @@
 #   build.log        probe, mpi, build, units
 #   gpu.log          gpu-tests, staged, nccl, exit
 #   suites.log       mpi-suite, training
-#   bench.log        bench-sim, bench-exchange
+#   bench.log        bench-sim, bench-exchange, lm, overlap
 #   simulate_DEV.md, exchange_DEV.md, dispatch_2ranks_DEV.md: the tables, named by the
 #                    device (DEV from nvidia-smi: h200, h100, ...), as they belong in
 #                    benchmarks/results/
@@ -249,7 +252,8 @@ stage_exit() {
 }
 
 stage_mpi_suite() {
-  JAXFOG_TEST_PLATFORMS=cuda JAXFOG_BACKEND=mpi pytest_ mpi-suite 200 tests/test_ops_mpi.py
+  JAXFOG_TEST_PLATFORMS=cuda JAXFOG_BACKEND=mpi pytest_ mpi-suite 240 tests/test_ops_mpi.py \
+    tests/test_nonblocking_mpi.py
 }
 
 stage_training() {
@@ -266,6 +270,19 @@ stage_lm() {
   step lm 150 "$PY" examples/train_lm.py --size gpu --steps 200 --eval-every 50 \
     --methods allreduce,atc,diloco --out "$tmp" --no-progress --quiet || return
   [ "$PLAN" = 1 ] || cat "$tmp"/lm_*.md >>"$LOG"
+}
+
+# Start/wait against the backward pass on the CPU, with a core per thread
+# (these 16 cores; the 2-core CI machines share theirs): 2 ranks, both
+# computing, then rank 1 only communicating. The tables go into bench.log.
+stage_overlap() {
+  local tmp
+  tmp=$(mktemp -d)
+  step overlap 120 env JAX_PLATFORMS=cpu "$PY" -m jaxfog.cli run -np 2 "$PY" \
+    benchmarks/bench_overlap.py --both --label "cpu_both_$(device_tag)" &&
+    step overlap-peer 90 env JAX_PLATFORMS=cpu "$PY" -m jaxfog.cli run -np 2 "$PY" \
+      benchmarks/bench_overlap.py --label "cpu_peer_$(device_tag)" || return
+  [ "$PLAN" = 1 ] || cat benchmarks/results/overlap_cpu_*_"$(device_tag)".md >>"$LOG"
 }
 
 stage_bench_sim() {
@@ -287,12 +304,12 @@ log_of() {
     probe | mpi | build | units) echo build.log ;;
     gpu-tests | staged | nccl | exit) echo gpu.log ;;
     mpi-suite | training) echo suites.log ;;
-    bench-sim | bench-exchange | lm) echo bench.log ;;
+    bench-sim | bench-exchange | lm | overlap) echo bench.log ;;
   esac
 }
 
-DEFAULT="build gpu-tests exit mpi-suite bench-exchange bench-sim lm training"
-STAGES="probe mpi build units gpu-tests staged nccl exit mpi-suite training bench-sim bench-exchange lm"
+DEFAULT="build gpu-tests exit mpi-suite bench-exchange bench-sim lm overlap training"
+STAGES="probe mpi build units gpu-tests staged nccl exit mpi-suite training bench-sim bench-exchange lm overlap"
 [ $# -gt 0 ] || set -- $DEFAULT
 for stage in "$@"; do
   case " $STAGES " in

@@ -17,10 +17,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 DEFAULT = ["build", "gpu-tests", "exit", "mpi-suite", "bench-exchange", "bench-sim", "lm",
-           "training"]
+           "overlap", "training"]
 LOGS = {"build": "build.log", "gpu-tests": "gpu.log", "exit": "gpu.log",
         "mpi-suite": "suites.log", "training": "suites.log", "bench-sim": "bench.log",
-        "lm": "bench.log",
+        "lm": "bench.log", "overlap": "bench.log",
         "bench-exchange": "bench.log"}
 MAX_FILES = 8
 
