@@ -158,20 +158,20 @@ def allgather_nonblocking(x: Any, *, name: str | None = None) -> Handle:
 
 def win_put_nonblocking(x: Any, name: str, *, self_weight: float | None = None,
                         dst_weights: Any = None, require_mutex: bool = False) -> Handle:
-    """Starts :func:`jaxfog.win_put` (same arguments); :func:`wait` gives
+    """Starts :func:`jaxfog.ops.window.win_put` (same arguments); :func:`wait` gives
     ``self_weight * x`` once the writes have completed at the destinations."""
     return _start_put(x, name, self_weight, dst_weights, require_mutex, accumulate=False)
 
 
 def win_accumulate_nonblocking(x: Any, name: str, *, self_weight: float | None = None,
                                dst_weights: Any = None, require_mutex: bool = False) -> Handle:
-    """Starts :func:`jaxfog.win_accumulate` (same arguments)."""
+    """Starts :func:`jaxfog.ops.window.win_accumulate` (same arguments)."""
     return _start_put(x, name, self_weight, dst_weights, require_mutex, accumulate=True)
 
 
 def win_get_nonblocking(name: str, *, src_weights: Any = None,
                         require_mutex: bool = False) -> Handle:
-    """Starts :func:`jaxfog.win_get` (same arguments); :func:`wait` gives True
+    """Starts :func:`jaxfog.ops.window.win_get` (same arguments); :func:`wait` gives True
     once the slots hold what was read."""
     args = _args.win_get(name=name, src_weights=src_weights, require_mutex=require_mutex)
     arrays, started = _backends.current().start("win_get", args)
