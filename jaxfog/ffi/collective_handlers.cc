@@ -164,20 +164,30 @@ ffi::ErrorOr<Job> AllreduceJob(Staging* staging, int64_t comm_id, int64_t signat
                    });
 }
 
-// Every rank gets root's value (one message for the whole pytree).
+// Every rank gets root's value (one message for the whole pytree). The root
+// sends from its input (MPI only reads it there) and copies it to its output
+// while the messages move.
 ffi::Error Broadcast(Transport* transport, const OpInfo& info, int64_t root,
                      const std::vector<Leaf>& in, const std::vector<Leaf>& out) {
   const bool is_root = transport->rank() == root;
+  auto copy_in_to_out = [&in, &out] {
+    for (size_t l = 0; l < out.size(); ++l) {
+      if (out[l].bytes) std::memcpy(out[l].out, in[l].in, out[l].bytes);
+    }
+  };
   if (in.size() == 1) {
-    if (is_root && in[0].bytes) std::memcpy(out[0].out, in[0].in, in[0].bytes);
-    return transport->Broadcast(info, out[0].out, out[0].bytes, static_cast<int>(root));
+    if (!is_root) return transport->Broadcast(info, out[0].out, out[0].bytes, int(root));
+    return transport->Broadcast(info, const_cast<void*>(in[0].in), in[0].bytes, int(root),
+                                copy_in_to_out);
   }
   std::vector<size_t> offsets;
   const size_t total = Layout(in, &offsets, 1);
   ScratchPool::Lease packed = ScratchPool::Global().Acquire(total);
-  if (is_root) Pack(in, packed.data(), offsets);
-  JAXFOG_RETURN_IF_ERROR(
-      transport->Broadcast(info, packed.data(), total, static_cast<int>(root)));
+  if (is_root) {
+    Pack(in, packed.data(), offsets);
+    return transport->Broadcast(info, packed.data(), total, int(root), copy_in_to_out);
+  }
+  JAXFOG_RETURN_IF_ERROR(transport->Broadcast(info, packed.data(), total, int(root)));
   for (size_t l = 0; l < out.size(); ++l) {
     if (out[l].bytes) std::memcpy(out[l].out, packed.data() + offsets[l], out[l].bytes);
   }

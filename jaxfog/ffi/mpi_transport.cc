@@ -342,7 +342,8 @@ ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out
   return requests.WaitAll(scope_, what);
 }
 
-ffi::Error MpiTransport::Broadcast(const OpInfo& info, void* data, size_t bytes, int root) {
+ffi::Error MpiTransport::Broadcast(const OpInfo& info, void* data, size_t bytes, int root,
+                                   const std::function<void()>& meanwhile) {
   Begin(info.op);
   const std::string what = Describe(info);
   JAXFOG_RETURN_IF_ERROR(Agree(comm_, rank_, size_, scope_, info, sequence_, bytes, what));
@@ -356,6 +357,7 @@ ffi::Error MpiTransport::Broadcast(const OpInfo& info, void* data, size_t bytes,
                                           MPI_BYTE, root, comm_, requests.Add()),
                                what + ": MPI_Ibcast");
   }
+  if (meanwhile) meanwhile();
   return requests.WaitAll(scope_, what);
 }
 

@@ -41,7 +41,8 @@ class MpiTransport final : public Transport {
                       const Streaming* streaming = nullptr) override;
   ffi::Error Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
                        ffi::DataType type) override;
-  ffi::Error Broadcast(const OpInfo& info, void* data, size_t bytes, int root) override;
+  ffi::Error Broadcast(const OpInfo& info, void* data, size_t bytes, int root,
+                       const std::function<void()>& meanwhile = nullptr) override;
   ffi::Error Allgather(const OpInfo& info, const void* in, void* out,
                        size_t bytes) override;
 

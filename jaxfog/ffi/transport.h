@@ -8,8 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -115,7 +115,11 @@ class Transport {
   // Allreduce sums.
   virtual ffi::Error Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
                                ffi::DataType type) = 0;
-  virtual ffi::Error Broadcast(const OpInfo& info, void* data, size_t bytes, int root) = 0;
+  // Broadcast: root's `data` reaches every rank's. `meanwhile` (may be null)
+  // runs while the messages move (the root copies its input to its output:
+  // it sends from its input, so the copy is off the critical path).
+  virtual ffi::Error Broadcast(const OpInfo& info, void* data, size_t bytes, int root,
+                               const std::function<void()>& meanwhile = nullptr) = 0;
   virtual ffi::Error Allgather(const OpInfo& info, const void* in, void* out,
                                size_t bytes) = 0;
 };
