@@ -52,15 +52,21 @@ The transformations:
   outer optimizer step (DiLoCo, optionally compressed with error feedback),
   or pair up with one random peer for NoLoCo's outer step. The steps in
   between run no communication op.
+* :func:`streaming_diloco`: DiLoCo fragment by fragment (Streaming DiLoCo):
+  the fragments' syncs are spread over the ``every`` steps, so a step sends
+  at most one fragment's pseudo-gradient, and each exchange is started with
+  :func:`jaxfog.allreduce_nonblocking` and finished ``delay`` steps later,
+  its :class:`jaxfog.Handle` carried in the optimizer state.
 
 Where they stand in a chain: ``atc``, ``awc``, ``push_sum``, ``local_sgd``,
-``diloco`` and ``noloco`` wrap an inner optax transformation (put clipping,
-weight decay, etc. inside it) and must be the last element of a chain, since
-their updates move the parameters to mixed values; ``gradient_allreduce``
-averages the gradients before its inner transformation; ``gradient_tracking``
-(a learning rate or an inner transformation), ``exact_diffusion`` and
-``push_diging`` (a learning rate) are used alone (or after gradient-only
-transforms such as clipping) and, mixing the parameters, come last.
+``diloco``, ``streaming_diloco`` and ``noloco`` wrap an inner optax
+transformation (put clipping, weight decay, etc. inside it) and must be the last
+element of a chain, since their updates move the parameters to mixed values;
+``gradient_allreduce`` averages the gradients before its inner transformation;
+``gradient_tracking`` (a learning rate or an inner transformation),
+``exact_diffusion`` and ``push_diging`` (a learning rate) are used alone (or
+after gradient-only transforms such as clipping) and, mixing the parameters,
+come last.
 
 Compile the train step with :func:`jaxfog.jit` (a drop-in for ``jax.jit``):
 the step then dispatches on JAX's C++ path, which matters for a state of
@@ -81,7 +87,8 @@ per call)::
 The modules, one per family: ``diffusion`` (atc, awc, gradient_allreduce),
 ``exact`` (gradient_tracking, exact_diffusion), ``push_sum`` (push_sum,
 async_push_sum, push_diging), ``compressed`` (choco, beer, error feedback),
-``local_sgd`` (local_sgd, diloco, noloco); what they share is in ``_common``.
+``local_sgd`` (local_sgd, diloco, noloco), ``streaming`` (streaming_diloco);
+what they share is in ``_common``.
 Import the names from :mod:`jaxfog.optax` itself.
 
 References:
@@ -101,12 +108,16 @@ from jaxfog.optax.local_sgd import (DiLoCoState, LocalSGDState, NoLoCoState, dil
 from jaxfog.optax.push_sum import (AsyncPushSumState, PushDigingState, PushSumState,
                                    async_push_sum, column_stochastic, mass_dtype,
                                    min_push_weight, push_diging, push_sum)
+from jaxfog.optax.streaming import (StreamingDiLoCo, StreamingDiLoCoState, streaming_diloco,
+                                    streaming_offsets)
 
 __all__ = ["AsyncPushSumState", "BeerState", "ChocoState", "DiLoCoState", "DelayedDiffusionState",
            "DiffusionState",
            "ErrorFeedbackState", "ExactDiffusionState", "LocalSGDState", "NoLoCoState",
-           "PublicCopies", "PushDigingState", "PushSumState", "TrackingState",
+           "PublicCopies", "PushDigingState", "PushSumState", "StreamingDiLoCo",
+           "StreamingDiLoCoState", "TrackingState",
            "async_push_sum", "atc", "awc", "beer", "check_chain", "choco",
            "column_stochastic", "diloco", "exact_diffusion", "gradient_allreduce",
            "gradient_tracking", "local_sgd", "mass_dtype", "min_push_weight", "noloco",
-           "push_diging", "push_sum", "random_pairs"]
+           "push_diging", "push_sum", "random_pairs", "streaming_diloco",
+           "streaming_offsets"]

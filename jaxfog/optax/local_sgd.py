@@ -1,5 +1,5 @@
 r"""Low-communication training: local SGD, DiLoCo and NoLoCo as optax transformations
-(exported by :mod:`jaxfog.optax`).
+(exported by :mod:`jaxfog.optax`; Streaming DiLoCo is in :mod:`jaxfog.optax.streaming`).
 
 Every agent takes ``every`` (:math:`H`) steps of its inner optimizer alone,
 then the agents combine what they did. Only the steps that end a round of
@@ -301,12 +301,11 @@ def diloco(inner: optax.GradientTransformation,
     :func:`jaxfog.allgather` per round (key ``fold_in(fold_in(PRNGKey(seed),
     rank), t)``). ``identity()`` gives the uncompressed iterates.
 
-    Streaming DiLoCo (fragments of the parameters synchronised at staggered
-    steps, each fragment's exchange overlapping the next inner steps and its
-    result merged a few steps later) is not offered: a jaxfog op returns its
-    result within the step that calls it, so an exchange cannot span steps
-    inside a pure optax ``update``; staggering alone would only spread the
-    same bytes over more steps.
+    Streaming DiLoCo, the parameters in fragments synchronised at staggered
+    steps, each fragment's exchange overlapping the next inner steps (its
+    handle carried in the state) and its result merged a few steps later, is
+    :func:`streaming_diloco`; with one fragment, no delay and ``alpha=0`` it
+    is this transformation.
 
     Args:
       inner: the local optimizer, any optax transformation; its ``update``
