@@ -19,17 +19,19 @@ branches, the same on every rank since the counter is:
   and the merge are taken, and the (spent) handle passes through.
 
 All three branches return a handle of one structure: the result's treedef,
-shapes and dtypes are those of the fragment, whatever the branch. Before a
-fragment's first exchange its slot holds an *idle* handle built in ``init``
-(the structure of the start's handle, from ``jax.eval_shape``, with zero
-arrays: ticket 0 on MPI processes, which would wait for nothing, and zeros on
-simulated agents); it is never waited for. A boolean per fragment,
-``pending``, says whether an exchange is in flight; the finish branch runs
-only when it is set, which makes :meth:`StreamingDiLoCo.finish` (wait for
-everything in flight now, e.g. at the end of training or before a checkpoint)
-safe to call and to train on after. No step waits for a handle twice, and
-every started handle is waited for by the step ``delay`` later or by
-``finish``.
+shapes and dtypes are those of the fragment, whatever the branch. A slot
+with no exchange in flight (before the fragment's first sync, and after each
+finish) holds an *idle* handle: the structure of the start's handle, from
+``jax.eval_shape`` (which starts nothing), with zero arrays: ticket 0 on MPI
+processes, which waits for nothing and gives zeros, and zeros on simulated
+agents. So every handle in the state is either in flight or idle, never one
+already waited for: :func:`jaxfog.wait_all` on the state is safe (it drops
+the exchanges in flight). A boolean per fragment, ``pending``, says whether
+an exchange is in flight; the finish branch runs only when it is set, which
+makes :meth:`StreamingDiLoCo.finish` (wait for everything in flight now and
+take those outer steps, e.g. at the end of training or before a checkpoint)
+safe to call and to train on after. Every started handle is waited for once:
+by the step ``delay`` later, or by ``finish``.
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ class StreamingDiLoCoState(NamedTuple):
     #: :math:`\phi`, the global parameters: fragment :math:`p`'s part is the
     #: result of its last outer step (``params`` after ``init``).
     anchor: Tree
-    #: One :class:`jaxfog.Handle` per fragment, the exchange started at its
-    #: last sync step (an idle handle before the first); ``()`` with ``delay=0``.
+    #: One :class:`jaxfog.Handle` per fragment: its exchange in flight, or an
+    #: idle handle (ticket 0, zeros) when none is; ``()`` with ``delay=0``.
     handles: tuple
     #: Whether fragment :math:`p`'s exchange is in flight (bool, one per fragment).
     pending: jax.Array
@@ -94,6 +96,8 @@ class StreamingDiLoCo(optax.GradientTransformationExtraArgs):
         the state (a handle names an exchange of this process, it cannot be
         restored). Training may go on after it: a fragment it finished skips
         its scheduled finish step. Runs the same waits on every rank; jittable.
+        (``jaxfog.wait_all(state)`` also leaves nothing in flight, but drops
+        those exchanges instead of taking their outer steps.)
         """
         return self.update.finish(state, params)
 
@@ -432,11 +436,12 @@ def streaming_diloco(inner: optax.GradientTransformation,
             def end_exchange(ops):
                 theta_p, anchor_p, outer_state, handle, _, res = ops
                 like = [jnp.zeros_like(a) for a in anchor_p]
-                message = message_like(like, res) if compressor is not None else None
+                message = message_like(like, res)
                 mean = mean_of(wait(handle), message, like)
                 theta_p, anchor_p, outer_state = outer_step(mean, theta_p, anchor_p,
                                                             outer_state)
-                return theta_p, anchor_p, outer_state, handle, jnp.array(False), res
+                return (theta_p, anchor_p, outer_state, _idle(start, message),
+                        jnp.array(False), res)
 
             if not inner_step:  # finish: every fragment in flight, now
                 ops = lax.cond(pending[p], end_exchange, nothing, ops)
