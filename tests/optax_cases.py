@@ -159,6 +159,9 @@ def all_cases(n: int, problem: Problem):
     yield ("local_sgd gossip", jfo.local_sgd(optax.sgd(lr, momentum=0.5), every=2,
                                              communication="gossip"), expo)
     yield "diloco", jfo.diloco(optax.sgd(lr), every=2), expo
+    # One fragment (the parameters are one leaf), its exchange finished a step later.
+    yield ("streaming_diloco delay=1", jfo.streaming_diloco(optax.sgd(lr), every=2, fragments=1,
+                                                            delay=1), expo)
     yield "noloco", jfo.noloco(optax.sgd(lr), every=2, gamma=0.5), expo
 
 

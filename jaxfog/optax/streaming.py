@@ -191,24 +191,24 @@ def streaming_diloco(inner: optax.GradientTransformation,
     synchronised every :math:`H` (``every``) steps, at the steps :math:`t =
     o_p, o_p + H, \dots` (counting steps from 1, :math:`o_p = \lfloor (p +
     1) H / P \rfloor`: the fragments' syncs are spread evenly over the
-    :math:`H` steps). At its sync step :math:`s`, after the inner step, the
+    :math:`H` steps). At its sync step :math:`t`, after the inner step, the
     agent starts the mean of its pseudo-gradient,
 
     .. math::
 
-        \Delta_{i,p} = \phi_{i,p} - \theta_{i,p}^{s}, \qquad
+        \Delta_{i,p} = \phi_{i,p} - \theta_{i,p}^{t}, \qquad
         \bar\Delta_p = \frac1n \sum_j \Delta_{j,p}
-            \quad \text{(started at step } s\text{)},
+            \quad \text{(started at step } t\text{)},
 
     and keeps training; :math:`\tau` (``delay``) steps later, after the inner
-    step of step :math:`s + \tau`, it receives :math:`\bar\Delta_p` and
+    step of step :math:`t + \tau`, it receives :math:`\bar\Delta_p` and
     takes the outer step and the merge:
 
     .. math::
 
         (v_p, s_{i,p}) &= \mathrm{outer.update}(\bar\Delta_p, s_{i,p},
             \phi_{i,p}), \qquad \phi_{i,p} \leftarrow \phi_{i,p} + v_p, \\
-        \theta_{i,p}^{s+\tau} &\leftarrow \alpha\, \theta_{i,p}^{s+\tau}
+        \theta_{i,p}^{t+\tau} &\leftarrow \alpha\, \theta_{i,p}^{t+\tau}
             + (1 - \alpha)\, \phi_{i,p},
 
     with :math:`s_{i,p}` fragment :math:`p`'s outer state and :math:`\alpha`
@@ -222,7 +222,7 @@ def streaming_diloco(inner: optax.GradientTransformation,
     alpha=0`` this is :func:`diloco` (the same iterates).
 
     The exchange is :func:`jaxfog.allreduce_nonblocking` (the mean) started
-    at step :math:`s` and :func:`jaxfog.wait`-ed at step :math:`s + \tau`: on
+    at step :math:`t` and :func:`jaxfog.wait`-ed at step :math:`t + \tau`: on
     MPI processes the messages move on the communication thread while the
     :math:`\tau` inner steps compute; on simulated agents the mean is computed
     at the start. Its handle lives in the state between the two steps (see
