@@ -215,6 +215,10 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
+    def finish(params, opt_state):  # exchanges still in flight (streaming_diloco)
+        updates, opt_state = optimizer.finish(opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
     def evaluate(params):
         def accuracy(p):
             return jnp.mean(jnp.argmax(model.apply(p, x_test), -1) == y_test)
@@ -244,6 +248,8 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
                 params, opt_state, loss = step(params, opt_state, xs, ys, epoch, i)
                 losses.append(loss)
                 bar(epoch * steps + i + 1, f"epoch {epoch + 1}")
+            if epoch == epochs - 1 and hasattr(optimizer, "finish"):
+                params, opt_state = agents.map(finish)(params, opt_state)
             losses = jax.block_until_ready(jnp.stack(losses, -1))
             elapsed += time.perf_counter() - start
             if not agents.simulated:  # what went on the wire (this rank), per step
