@@ -16,7 +16,7 @@ branches, the same on every rank since the counter is:
 * start (the fragment's sync step): a new exchange is started, its handle
   replaces the old one;
 * finish (``delay`` steps later): the handle is waited for, the outer step
-  and the merge are taken, and the (spent) handle passes through.
+  and the merge are taken, and an idle handle takes its place.
 
 All three branches return a handle of one structure: the result's treedef,
 shapes and dtypes are those of the fragment, whatever the branch. A slot
