@@ -41,7 +41,7 @@ COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
 SIZES = [1 << k for k in range(10, 27, 2)]  # 1 KB .. 64 MB
 OPS = ("allreduce", "allgather", "broadcast")
-ROUNDS = 5
+ROUNDS = 9
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
