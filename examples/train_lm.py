@@ -32,6 +32,9 @@ gradient clipping and a warmup-cosine step size, combined by
 * ``diloco`` and ``diloco-compressed``: DiLoCo for each round length of
   ``--rounds``, with dense and with ``--compressor``-compressed
   pseudo-gradients (error feedback);
+* ``streaming-diloco``: Streaming DiLoCo for each round length, 4 fragments
+  synchronised in turn, each exchange waited for one step after it started
+  (its simulated time is DiLoCo's: the overlap is not credited);
 * ``noloco`` (one random peer per round) and ``local-sgd``, rounds of the
   first of ``--rounds``;
 * ``push-sum``: asynchronous push-sum (SGP) in simulated time (simulated
@@ -90,8 +93,8 @@ import jaxfog.optax as jfo  # noqa: E402
 import jaxfog.topology as T  # noqa: E402
 
 VOCABULARY = 256  # bytes
-METHODS = ("allreduce", "atc", "tracking", "choco", "diloco", "diloco-compressed", "noloco",
-           "local-sgd", "push-sum")
+METHODS = ("allreduce", "atc", "tracking", "choco", "diloco", "diloco-compressed",
+           "streaming-diloco", "noloco", "local-sgd", "push-sum")
 VALIDATION_EVERY = 10  # every 10th file is held out
 
 
@@ -321,6 +324,12 @@ def methods(n: int, names: list[str], args: argparse.Namespace,
                 f"diloco H={h} {c.name}",
                 jfo.diloco(inner(), outer(), every=h, compressor=c, groups=1), h,
                 lambda params: (n - 1) * C.tree_bytes(c, params, C.balanced(params, 1))))
+        if "streaming-diloco" in names:
+            # A round sends every fragment once: DiLoCo's bytes, a quarter at a time.
+            runs.append(Method(
+                f"streaming diloco H={h} P=4 tau=1",
+                jfo.streaming_diloco(inner(), outer(), every=h, fragments=4, delay=1), h,
+                dense(ring)))
     if "noloco" in names:  # with gamma = beta only the parameters travel, to one peer
         runs.append(Method(f"noloco H={rounds[0]}", jfo.noloco(inner(), every=rounds[0]),
                            rounds[0], dense(1.0)))
@@ -416,6 +425,13 @@ def train(agents: jf.Agents, method: Method, data: Corpus, size: Size, model: An
             if not agents.simulated:  # what this rank put on the wire during the steps
                 measured += sum(s.bytes for s in jf.comm_stats().values())
             rows.append(row(stop, losses, wall, measured))
+    if hasattr(optimizer, "finish"):  # exchanges still in flight (streaming_diloco)
+        def finish(params, opt_state):
+            updates, opt_state = optimizer.finish(opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        state = list(agents.map(finish)(*state))
+        rows[-1] = row(steps, losses, wall, measured)
     return rows
 
 
