@@ -140,6 +140,12 @@ def test_inputs_donated_at_start_and_waits_in_any_order():
     np.testing.assert_allclose(y, X[r] * 3 + 1, rtol=1e-12, atol=1e-12)
     second = jf.broadcast_nonblocking(jnp.asarray(X[r]) * 2, root=0)
     third = jf.allgather_nonblocking(jnp.asarray(X[r][:5]))
+    import time
+    for _ in range(2000):  # poll until done (never forever: the test's timeout)
+        if jf.poll(first):
+            break
+        time.sleep(0.005)
+    assert jf.poll(first) is True
     order = [first, second, third] if r % 2 else [third, second, first]
     got = {id(h): jf.wait(h) for h in order}
     np.testing.assert_allclose(got[id(first)], X.sum(0), rtol=1e-12)
@@ -225,6 +231,10 @@ def test_misuse_gets_a_clear_error():
         jf.wait(again)
     with pytest.raises(HandleError, match="expected a Handle"):
         jf.wait(x)
+    with pytest.raises(HandleError, match="already waited"):
+        jf.poll(handle)
+    with pytest.raises(HandleError, match="not pending"):
+        jf.poll(jax.tree.unflatten(jax.tree.structure(copy), jax.tree.leaves(copy)))
     with pytest.raises(NotImplementedError, match="cannot be vmapped"):
         jax.vmap(lambda v: jf.wait(jf.allreduce_nonblocking(v)))(jnp.stack([x, x]))
     jf.barrier()

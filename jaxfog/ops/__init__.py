@@ -29,7 +29,8 @@ OPS = {
     "allreduce_nonblocking": "nonblocking", "broadcast_nonblocking": "nonblocking",
     "allgather_nonblocking": "nonblocking", "win_put_nonblocking": "nonblocking",
     "win_accumulate_nonblocking": "nonblocking", "win_get_nonblocking": "nonblocking",
-    "wait": "nonblocking", "wait_all": "nonblocking", "Handle": "nonblocking",
+    "wait": "nonblocking", "wait_all": "nonblocking", "poll": "nonblocking",
+    "Handle": "nonblocking",
 }
 
 

@@ -37,6 +37,7 @@ from jax.extend import core as jex_core
 from jax.interpreters import ad, batching, mlir
 
 from jaxfog import ffi, runtime
+from jaxfog.errors import HandleError
 from jaxfog.ops._primitive import ATTRIBUTES, comm_effect, lower_comm_call
 from jaxfog.ops._primitives import ADJOINTS
 from jaxfog.ops import _jax_compat
@@ -237,10 +238,16 @@ def wait_call(arrays: list, started: Started) -> list:
 
 
 
-def done(ticket: Any) -> bool | None:
-    """Whether the op of a concrete ``ticket`` has finished (None: not pending)."""
-    state = ffi.library().jaxfog_handle_done(float(np.asarray(ticket)))
-    return None if state < 0 else bool(state)
+def poll_call(arrays: list, started: Started) -> bool:
+    """Whether the call started as ``arrays`` has finished (its ticket concrete)."""
+    if isinstance(arrays[0], jax.core.Tracer):
+        raise TypeError("jaxfog.poll reads a handle's ticket: call it outside jit")
+    ticket = float(np.asarray(arrays[0]))
+    state = ffi.library().jaxfog_handle_done(ticket)
+    if state < 0 and ticket != 0:
+        raise HandleError(f"jaxfog.poll: handle {ticket:g} is not pending on this process: "
+                          "it was already waited for")
+    return state != 0  # ticket 0 (an idle handle) has nothing in flight
 
 
 def _discard_pending() -> None:

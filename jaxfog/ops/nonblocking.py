@@ -99,6 +99,19 @@ def wait(handle: Handle) -> Any:
     return jax.tree.unflatten(treedef, _backends.current().wait(list(handle.arrays), started))
 
 
+def poll(handle: Handle) -> bool:
+    """Whether the op ``handle`` started has finished on this rank, so that
+    :func:`wait` would not block (BlueFog's ``poll``). Outside ``jit`` only: it
+    reads the handle's arrays. On simulated agents, always True."""
+    if not isinstance(handle, Handle):
+        raise HandleError(f"jaxfog.poll: expected a Handle from a *_nonblocking op, got "
+                          f"{type(handle).__name__}")
+    if handle.waited:
+        raise HandleError(f"jaxfog.poll: this {handle.op} handle was already waited for")
+    op, started, treedef = handle.spec
+    return _backends.current().poll(list(handle.arrays), started)
+
+
 def wait_all(tree: Any) -> Any:
     """``tree`` with each :class:`Handle` in it replaced by its result
     (:func:`wait`); e.g. ``jaxfog.wait_all(opt_state)`` when training ends,
@@ -180,5 +193,6 @@ def win_get_nonblocking(name: str, *, src_weights: Any = None,
 
 __all__ = ["Handle", "allgather_nonblocking", "allreduce_nonblocking",
            "broadcast_nonblocking", "neighbor_allgather_nonblocking",
-           "neighbor_allreduce_nonblocking", "pair_gossip_nonblocking", "wait", "wait_all",
+           "neighbor_allreduce_nonblocking", "pair_gossip_nonblocking", "poll", "wait",
+           "wait_all",
            "win_accumulate_nonblocking", "win_get_nonblocking", "win_put_nonblocking"]

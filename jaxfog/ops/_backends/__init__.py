@@ -52,6 +52,9 @@ class Backend(Protocol):
 
     def wait(self, arrays: Leaves, started: Any) -> Leaves: ...
 
+    def poll(self, arrays: Leaves, started: Any) -> bool:
+        """Whether ``wait`` would return at once (concrete arrays)."""
+
     # One-sided windows (jaxfog.ops.window): the public functions resolve
     # their arguments (jaxfog.ops._args.Win*) and call these.
     def win_create(self, leaves: Leaves, treedef: Any, args: _args.WinCreate) -> bool: ...

@@ -231,6 +231,7 @@ class MpiBackend:
         return _nonblocking.start_call(build(*inputs))
 
     wait = staticmethod(_nonblocking.wait_call)
+    poll = staticmethod(_nonblocking.poll_call)
 
     _win_put = staticmethod(mpi_windows.win_put_call)
     _win_get = staticmethod(mpi_windows.win_get_call)
