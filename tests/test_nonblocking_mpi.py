@@ -273,6 +273,7 @@ def test_window_ops_nonblocking():
                                2 * X[left], rtol=1e-13)
     jf.barrier()
     assert jf.wait(jf.win_get_nonblocking("w", src_weights={left: 0.25})) is True
+    jf.barrier()  # every get has read before the update below publishes anew
     np.testing.assert_allclose(jf.win_update(jnp.zeros(4), "w", self_weight=0.0,
                                              src_weights={left: 1.0}),
                                # left's update published 2 x_{left - 1}
