@@ -282,3 +282,27 @@ def test_window_ops_nonblocking():
         jax.grad(lambda x: jnp.sum(jf.wait(jf.win_put_nonblocking(x, "w"))))(x)
     jf.barrier()
     jf.win_free("w")
+
+
+@mpi_test((2,))
+def test_a_start_returns_before_its_peer_arrives():
+    """Even a small message (which a blocking op runs inline): rank 1 starts
+    its side 3 s late, and rank 0's start returns long before."""
+    import time
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    jf, r, n, X = _setup(seed=6, shape=(3,))
+    jf.set_async_min_bytes(1 << 20)  # 24 bytes would run inline if blocking
+    x = jnp.asarray(X[r])
+    jf.wait(jf.allreduce_nonblocking(x))  # compiled and warm on both ranks
+    jf.barrier()
+    if r == 1:
+        time.sleep(3.0)
+    began = time.monotonic()
+    handle = jf.allreduce_nonblocking(x, "sum")
+    started = time.monotonic() - began
+    np.testing.assert_allclose(jf.wait(handle), X.sum(0), rtol=1e-13)
+    if r == 0:
+        assert started < 1.5, started  # returned without waiting for rank 1

@@ -58,7 +58,7 @@ CommThread::QueueOnly::~QueueOnly() { --queue_only; }
 
 ffi::Future CommThread::Run(const char* op, size_t bytes, Work work) {
   const int64_t threshold = inline_below_.load(std::memory_order_relaxed);
-  if (queue_only == 0 && threshold < 0 || static_cast<int64_t>(bytes) < threshold) {
+  if (queue_only == 0 && (threshold < 0 || static_cast<int64_t>(bytes) < threshold)) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (queue_.empty() && !busy_) return Done(RunInline(lock, op, work));
   }
