@@ -145,7 +145,6 @@ def all_cases(n: int, problem: Problem):
     yield "awc allreduce", jfo.awc(optax.sgd(lr), communication="allreduce"), expo
     yield ("atc delay=1 one-peer schedule", jfo.atc(optax.sgd(lr), topology=schedule, delay=1),
            expo)
-    yield "awc delay=2", jfo.awc(optax.sgd(lr, momentum=0.5), delay=2), expo
     yield ("awc delay=1 allreduce", jfo.awc(optax.sgd(lr), communication="allreduce", delay=1),
            expo)
     yield "gradient_allreduce", jfo.gradient_allreduce(optax.sgd(lr)), expo
