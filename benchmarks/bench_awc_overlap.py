@@ -50,6 +50,7 @@ import optax  # noqa: E402
 
 import jaxfog.optax as jfo  # noqa: E402
 import jaxfog.topology as T  # noqa: E402
+from _mlp import loss, mlp  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -69,17 +70,6 @@ def timeit(fn, repeats: int, warmup: int = 3) -> float:
     slowest = np.empty(repeats)
     COMM.Allreduce(np.array(times), slowest, op=MPI.MAX)
     return float(np.median(slowest) * 1e3)
-
-
-def mlp(width: int, depth: int):
-    keys = jax.random.split(jax.random.key(0), depth)
-    return [jax.random.normal(k, (width, width), jnp.float32) / np.sqrt(width) for k in keys]
-
-
-def loss(params, x):
-    for w in params:
-        x = jnp.tanh(x @ w)
-    return jnp.mean(x ** 2)
 
 
 def late_peer_time(fn, delay: float, repeats: int) -> float:

@@ -46,22 +46,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxfog.topology as T  # noqa: E402
+from _mlp import loss, mlp  # noqa: E402
 from _machine import cpu  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def mlp(width: int, depth: int) -> list:
-    keys = jax.random.split(jax.random.key(0), depth)
-    return [jax.random.normal(k, (width, width), jnp.float32) / np.sqrt(width) for k in keys]
-
-
-def loss(params, x):
-    for w in params:
-        x = jnp.tanh(x @ w)
-    return jnp.mean(x ** 2)
 
 
 def variants(params, batch: int, width: int, computes: bool) -> dict:

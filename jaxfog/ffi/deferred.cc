@@ -149,10 +149,7 @@ ffi::Future WaitOnHost(ffi::Token, ffi::AnyBuffer ticket_buffer, ffi::RemainingA
 ffi::Error WaitOnDevice(ffi::Token, ffi::AnyBuffer ticket_buffer, ffi::RemainingArgs,
                         ffi::Result<ffi::Token>, ffi::RemainingRets rets, void* stream) {
   std::unique_ptr<DeviceCopier> copier = MakeCudaCopier(stream);
-  if (!copier) {
-    return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                      "jaxfog.wait: this library was built without CUDA");
-  }
+  if (!copier) return BuiltWithoutCuda("jaxfog.wait");
   ffi::Error error = ffi::Error::Success();
   std::vector<Piece> outputs = OutputPieces(rets, &error);
   JAXFOG_RETURN_IF_ERROR(error);

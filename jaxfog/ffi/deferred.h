@@ -116,11 +116,7 @@ template <OpCode op, typename R, typename... Args>
 struct CudaStart<op, R (*)(Args...)> {
   static ffi::Error Handle(Args... args, void* stream) {
     std::unique_ptr<DeviceCopier> copier = MakeCudaCopier(stream);
-    if (!copier) {
-      return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                        std::string("jaxfog ") + OpName(op) +
-                            " (nonblocking): this library was built without CUDA");
-    }
+    if (!copier) return BuiltWithoutCuda(std::string("jaxfog ") + OpName(op) + " (nonblocking)");
     return Start<op>::Run(std::move(copier), std::move(args)...);
   }
   static auto Bind() { return Handler<op>::Bind().template Ctx<ffi::PlatformStream<void*>>(); }

@@ -186,12 +186,7 @@ template <OpCode op, typename R, typename... Args>
 struct CudaStaged<op, R (*)(Args...)> {
   static ffi::Error Handle(Args... args, void* stream) {
     std::unique_ptr<DeviceCopier> copier = MakeCudaCopier(stream);
-    if (!copier) {
-      return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                        std::string("jaxfog ") + OpName(op) +
-                            ": this library was built without CUDA; rebuild jaxfog with the "
-                            "CUDA toolkit (JAXFOG_CUDA_HOME) to run ops on GPU arrays");
-    }
+    if (!copier) return BuiltWithoutCuda(std::string("jaxfog ") + OpName(op));
     return Staged<op>::Run(copier.get(), std::move(args)...);
   }
   static auto Bind() { return Handler<op>::Bind().template Ctx<ffi::PlatformStream<void*>>(); }

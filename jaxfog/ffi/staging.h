@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "scratch.h"
@@ -46,6 +47,14 @@ class HostCopier final : public DeviceCopier {
 // pinned host buffers (pageable memory halves the copies' rate and faults in
 // fresh pages on each large call); null when jaxfog was built without CUDA.
 std::unique_ptr<DeviceCopier> MakeCudaCopier(void* stream);
+
+// The error of `what` (e.g. "jaxfog allreduce") on CUDA buffers when
+// MakeCudaCopier gave none: the library was built without CUDA.
+inline ffi::Error BuiltWithoutCuda(const std::string& what) {
+  return ffi::Error(ffi::ErrorCode::kUnimplemented,
+                    what + ": this library was built without CUDA; rebuild jaxfog with the "
+                           "CUDA toolkit (JAXFOG_CUDA_HOME) to run ops on GPU arrays");
+}
 
 // The most bytes of free pinned staging buffers kept for reuse
 // (JAXFOG_STAGING_KEEP_BYTES); nothing to set without CUDA.

@@ -404,15 +404,6 @@ def gradient_allreduce(inner: optax.GradientTransformation, *,
         allreduce).
       groups, seed: how leaves are grouped and the keys' seed, as for
         :func:`choco`.
-      delay: ``0`` (default) or ``d >= 1``, delayed averaging (as for
-        :func:`atc`): the exchange of :math:`x^k` is waited for at step
-        :math:`k + d`,
-
-        .. math::
-
-            x_i^{k+1} = W_{ii}\, x_i^k + \sum_{j \ne i} W_{ij}\, x_j^{k-d} + u_i^k,
-
-        with :math:`x^{k-d} = x^0` for :math:`k < d`; no compressor.
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is ``inner``'s
