@@ -111,7 +111,7 @@ class HeavyBall:
 
 
 def reference(problem, steps, *, every, fragments, delay, alpha, inner_lr, coords,
-              compress=None, finish_at=(), outer=(0.7, 0.9, True)):
+              compress=None, finish_at=(), outer=(0.7, 0.9, True), phase="start"):
     """Streaming DiLoCo's iterates: ``coords[p]`` are fragment p's coordinates.
 
     Fragment p starts its exchange at the steps t (from 1) with t = o_p mod H,
@@ -119,10 +119,13 @@ def reference(problem, steps, *, every, fragments, delay, alpha, inner_lr, coord
     at t + tau it takes the outer step phi_p += OuterOpt(mean) and merges
     theta_p = alpha theta_p + (1 - alpha) phi_p. ``compress(q, rank, key_index)``
     gives what agent ``rank`` sends of ``q`` (error feedback keeps the rest).
+    With ``phase="merge"`` (torchft's schedule) each exchange starts tau steps
+    earlier, so that it is merged at t = o_p mod H.
     """
     n, d = problem.A.shape[0], problem.A.shape[-1]
     H, P = every, fragments
-    offsets = [int(np.floor((p + 1) * H / P)) for p in range(P)]
+    offsets = [int(np.floor((p + 1) * H / P)) - (delay if phase == "merge" else 0)
+               for p in range(P)]
     X = np.zeros((n, d))
     phi = np.zeros(d)  # the global parameters: the same on every agent
     inner = HeavyBall(inner_lr, 0.5)
@@ -264,6 +267,37 @@ def test_finish_takes_the_outer_steps_in_flight_and_training_goes_on(problem):
     assert np.abs(want - plain).max() > 1e-6
 
 
+@pytest.mark.parametrize("every,fragments,delay", [(6, 2, 2), (6, 3, 1), (4, 2, 0)])
+def test_torchfts_phase_merges_at_the_sync_steps(problem, every, fragments, delay):
+    lr = 0.3 / problem.lipschitz
+    optimizer = jfo.streaming_diloco(optax.sgd(lr, momentum=0.5), every=every,
+                                     fragments=fragments, delay=delay, alpha=0.5,
+                                     phase="merge")
+    leaves = [[0, 1], [2]] if fragments == 2 else [[0], [1], [2]]
+    got = simulated(scanned(optimizer, problem, 24), problem)
+    want = reference(problem, 24, every=every, fragments=fragments, delay=delay, alpha=0.5,
+                     inner_lr=lr, coords=coordinates(leaves), phase="merge")
+    check(got, want)
+    if delay:
+        start = reference(problem, 24, every=every, fragments=fragments, delay=delay,
+                          alpha=0.5, inner_lr=lr, coords=coordinates(leaves))
+        assert np.abs(want - start).max() > 1e-6  # the phases differ
+
+
+def test_finish_without_delay_has_nothing_to_wait_for(problem):
+    """delay=0 waits in the step that starts: finish gives zero updates and
+    the state back (it used to call wait on the empty slot and raise)."""
+    lr = 0.3 / problem.lipschitz
+    for fragments, alpha in ((1, 0.0), (2, 0.5)):
+        optimizer = jfo.streaming_diloco(optax.sgd(lr, momentum=0.5), every=4,
+                                         fragments=fragments, delay=0, alpha=alpha)
+        got = simulated(agent_fn(optimizer, problem, 9, finish_at=(3, 9)), problem)
+        want = reference(problem, 9, every=4, fragments=fragments, delay=0, alpha=alpha,
+                         inner_lr=lr, coords=coordinates([[0, 1, 2]] if fragments == 1
+                                                         else [[0, 1], [2]]))
+        check(got, want)
+
+
 def test_the_state_keeps_one_structure_and_float32_stays_float32():
     optimizer = jfo.streaming_diloco(optax.adam(0.1), optax.adam(0.05), every=3, fragments=2,
                                      delay=1, alpha=0.5)
@@ -302,6 +336,10 @@ def test_bad_arguments_raise_with_clear_messages():
         make(inner, every=4, fragments=5)
     with pytest.raises(ValueError, match=r"delay must be in \[0, every=4\)"):
         make(inner, every=4, fragments=2, delay=4)
+    with pytest.raises(ValueError, match=r"phase='merge' needs delay < every // fragments = 2"):
+        make(inner, every=4, fragments=2, delay=2, phase="merge")
+    with pytest.raises(ValueError, match="phase must be 'start'"):
+        make(inner, every=4, fragments=2, phase="torchft")
     with pytest.raises(ValueError, match="delay must be >= 0"):
         make(inner, every=4, fragments=2, delay=-1)
     for alpha in (-0.1, 1.5, float("nan")):
@@ -385,6 +423,7 @@ def test_mpi_processes_give_the_simulated_iterates_and_start_only_at_syncs():
         return path
 
     cases = [("2 fragments, delay 1", dict(fragments=2, delay=1, alpha=0.5), "allreduce"),
+             ("1 fragment, delay 0", dict(fragments=1, delay=0, alpha=0.0), "allreduce"),
              ("3 fragments, delay 3", dict(fragments=3, delay=3, alpha=0.0), "allreduce"),
              ("2 fragments, delay 2, top_k", dict(fragments=2, delay=2, alpha=0.5,
                                                   compressor=C.top_k(0.3), groups=1),

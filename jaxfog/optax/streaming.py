@@ -180,7 +180,8 @@ def streaming_diloco(inner: optax.GradientTransformation,
                      outer: optax.GradientTransformation | None = None, *, every: int,
                      fragments: int, delay: int = 1, alpha: float = 0.5,
                      fragment_of: Any = None, compressor: C.Compressor | None = None,
-                     groups: Any = None, seed: int = 0) -> StreamingDiLoCo:
+                     groups: Any = None, seed: int = 0, phase: str = "start"
+                     ) -> StreamingDiLoCo:
     r"""Streaming DiLoCo: DiLoCo's outer step fragment by fragment, each
     fragment's exchange overlapping ``delay`` inner steps.
 
@@ -274,6 +275,16 @@ def streaming_diloco(inner: optax.GradientTransformation,
       groups: how a fragment's leaves are merged before compression, as for
         :func:`choco` (with a compressor).
       seed: seeds the compressor's keys.
+      phase: where the ``delay`` steps fall around a fragment's sync step
+        :math:`t = o_p + kH`. ``"start"`` (the default, as MaxText): the
+        exchange starts at :math:`t` and is merged at :math:`t + \tau`, the
+        equations above. ``"merge"`` (as torchft): it starts at
+        :math:`t - \tau` and is merged at :math:`t`, so the last fragment is
+        merged at the steps :math:`H, 2H, \dots`, as :func:`diloco` does; it
+        needs :math:`\tau < \lfloor H / P \rfloor` (the first exchange
+        starts at step :math:`o_0 - \tau \ge 1`), as torchft does. The two
+        differ only in when each exchange runs: a configuration ported from
+        torchft keeps its iterates with ``phase="merge"``.
 
     Returns:
       A :class:`StreamingDiLoCo`, an ``optax.GradientTransformationExtraArgs``
@@ -291,7 +302,9 @@ def streaming_diloco(inner: optax.GradientTransformation,
         number, ``compressor`` not a Compressor; ``fragment_of`` giving
         something else than ints.
       ValueError: ``every < 1``, ``fragments`` outside ``[1, every]``,
-        ``delay`` outside ``[0, every)``, ``alpha`` outside ``[0, 1]``;
+        ``delay`` outside ``[0, every)`` (with ``phase="merge"``: outside
+        ``[0, every // fragments)``), ``alpha`` outside ``[0, 1]``, ``phase``
+        neither ``"start"`` nor ``"merge"``;
         at ``init``, more fragments than leaves, or a ``fragment_of`` that
         does not give each leaf a fragment in ``[0, fragments)`` or leaves a
         fragment empty.
@@ -325,6 +338,13 @@ def streaming_diloco(inner: optax.GradientTransformation,
         raise ValueError(f"{_WHAT}: delay must be in [0, every={every}) (a fragment's "
                          f"exchange must finish before its next one starts), got {delay}")
     alpha = V.real(_WHAT, "alpha", alpha, low=0.0, high=1.0)
+    if phase not in ("start", "merge"):
+        raise ValueError(f"{_WHAT}: phase must be 'start' (the exchange starts at the sync "
+                         f"step) or 'merge' (it is merged at the sync step), got {phase!r}")
+    if phase == "merge" and delay >= every // fragments:
+        raise ValueError(f"{_WHAT}: phase='merge' needs delay < every // fragments = "
+                         f"{every // fragments} (the first exchange starts delay steps "
+                         f"before the first sync step, {every // fragments}), got {delay}")
     if outer is None:
         outer = optax.sgd(0.7, momentum=0.9, nesterov=True)
     V.transformation(_WHAT, "outer", outer)
@@ -333,7 +353,9 @@ def streaming_diloco(inner: optax.GradientTransformation,
         G.check_options("streaming_diloco", groups, seed)
     else:
         V.integer(_WHAT, "seed", seed)
-    starts = streaming_offsets(every, fragments)
+    # The steps (mod every) at which each fragment starts its exchange.
+    starts = tuple(o - delay if phase == "merge" else o
+                   for o in streaming_offsets(every, fragments))
 
     def plan(part):
         return G.layout(None, compressor, part, groups, neighbors=False).groups
@@ -444,7 +466,8 @@ def streaming_diloco(inner: optax.GradientTransformation,
                         jnp.array(False), res)
 
             if not inner_step:  # finish: every fragment in flight, now
-                ops = lax.cond(pending[p], end_exchange, nothing, ops)
+                if delay:  # with delay 0 nothing is ever in flight
+                    ops = lax.cond(pending[p], end_exchange, nothing, ops)
             elif delay == 0:
                 sync = (t - o) % every == 0
                 ops = sync_now(ops) if every == 1 else lax.cond(sync, sync_now, nothing, ops)
