@@ -232,6 +232,10 @@ def start_call(call: Call) -> tuple[list, Started]:
 def wait_call(arrays: list, started: Started) -> list:
     """The results of the call started as ``arrays`` (from :func:`start_call`)."""
     ticket, rest = arrays[0], list(arrays[1:])
+    if not isinstance(ticket, jax.core.Tracer):
+        # Eagerly, a spent ticket is refused here: the handler's own error would
+        # reach the caller only at a later block on CUDA (asynchronous dispatch).
+        _check_pending("jaxfog.wait", ticket)
     static, kept = rest[:started.n_static], rest[started.n_static:]
     outs = wait(ticket, static, started.prim, dict(started.params), list(started.avals))
     return outs if started.post is None else started.post(outs, kept)
@@ -242,12 +246,18 @@ def poll_call(arrays: list, started: Started) -> bool:
     """Whether the call started as ``arrays`` has finished (its ticket concrete)."""
     if isinstance(arrays[0], jax.core.Tracer):
         raise TypeError("jaxfog.poll reads a handle's ticket: call it outside jit")
-    ticket = float(np.asarray(arrays[0]))
-    state = ffi.library().jaxfog_handle_done(ticket)
-    if state < 0 and ticket != 0:
-        raise HandleError(f"jaxfog.poll: handle {ticket:g} is not pending on this process: "
+    return _check_pending("jaxfog.poll", arrays[0]) != 0  # ticket 0 (idle): nothing in flight
+
+
+def _check_pending(what: str, ticket: Any) -> int:
+    """The C++ library's state of a concrete ticket (1 finished, 0 in flight or
+    idle); raises :class:`HandleError` for one that is not pending."""
+    number = float(np.asarray(ticket))
+    state = ffi.library().jaxfog_handle_done(number)
+    if state < 0 and number != 0:
+        raise HandleError(f"{what}: handle {number:g} is not pending on this process: "
                           "it was already waited for")
-    return state != 0  # ticket 0 (an idle handle) has nothing in flight
+    return max(state, 0)
 
 
 def _discard_pending() -> None:
