@@ -308,3 +308,90 @@ def test_a_start_returns_before_its_peer_arrives():
     np.testing.assert_allclose(jf.wait(handle), X.sum(0), rtol=1e-13)
     if r == 0:
         assert started < 1.5, started  # returned without waiting for rank 1
+
+
+@mpi_test((2,), timeout=180)
+def test_a_late_peer_hides_behind_compute():
+    """Overlap that timing luck cannot fake: rank 1 sleeps LATE s (no CPU)
+    before its side of a 4 MB exchange, and rank 0 computes about half of
+    that. Done one after the other the two add up; with start/wait across
+    calls, and with one jitted step holding both, rank 0's step takes about
+    the longer of the two, so at least half of the shorter one is hidden
+    (fully hidden, the saving is all of it). Each variant is timed twice,
+    interleaved, and its faster run kept: a busy machine slows a run, it
+    cannot make one faster."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    jf, r, n, X = _setup(seed=8, shape=(1 << 19,))  # float64: 4 MB
+    jf.set_async_min_bytes(0)  # the blocking op in one step on the communication thread too
+    late = 1.0
+    x = jnp.asarray(X[r])
+    want = X.mean(0)  # 2 ranks: the exponential graph averages both
+
+    def body(i, a):
+        return jnp.tanh(a @ a) * 0.5
+
+    def chunks(a, iterations):
+        # 12 loops, not one: XLA:CPU runs a program of 8 thunks or fewer one thunk
+        # after the other, waiting for an asynchronous custom call before the next.
+        for k in range(12):
+            a = jax.lax.fori_loop(0, iterations, body, a) + k
+        return a
+
+    a = jnp.ones((256, 256)) / 256
+    probe = jax.jit(lambda a: chunks(a, 2))
+    jax.block_until_ready(probe(a))
+    began = time.perf_counter()
+    jax.block_until_ready(probe(a))
+    per_iteration = (time.perf_counter() - began) / 24
+    iterations = int(np.clip(0.5 * late / 12 / per_iteration, 1, 10_000))
+    iterations = jf.allgather(jnp.asarray([iterations]))[0]  # the same program on both ranks
+    compute = jax.jit(lambda a: chunks(a, int(iterations)))
+    blocking = jax.jit(jf.neighbor_allreduce)
+    start, finish = jax.jit(jf.neighbor_allreduce_nonblocking), jax.jit(jf.wait)
+    one_step = jax.jit(lambda x, a: (jf.neighbor_allreduce(x), compute(a)))
+    results = [compute(a), blocking(x), finish(start(x)), *one_step(x, a)]  # compiled
+    jax.block_until_ready(results)
+
+    def sequential():
+        y = jax.block_until_ready(blocking(x))
+        jax.block_until_ready(compute(a))
+        return y
+
+    def start_wait():
+        handle = start(x)
+        jax.block_until_ready(compute(a))
+        return jax.block_until_ready(finish(handle))
+
+    def in_one_step():
+        return jax.block_until_ready(one_step(x, a))[0]
+
+    variants = {"sequential": sequential, "start/wait": start_wait, "one step": in_one_step}
+    times = {name: [] for name in variants}
+    computing = []
+    for _ in range(2):
+        began = time.perf_counter()
+        jax.block_until_ready(compute(a))
+        computing.append(time.perf_counter() - began)
+        for name, variant in variants.items():
+            jf.barrier()
+            began = time.perf_counter()
+            if r == 1:
+                time.sleep(late)  # late, without using a core
+                y = jax.block_until_ready(blocking(x))
+            else:
+                y = variant()
+            times[name].append(time.perf_counter() - began)
+            np.testing.assert_allclose(y, want, rtol=1e-13)
+    if r == 0:
+        best = {name: min(t) for name, t in times.items()}
+        c = min(computing)
+        report = f"compute {c:.3f} s, peer late {late} s, steps {best}"
+        assert best["sequential"] > late + 0.8 * c, report  # the peer was late; both ran
+        for name in ("start/wait", "one step"):
+            hidden = best["sequential"] - best[name]
+            assert hidden > 0.5 * min(c, late), (name, report)
