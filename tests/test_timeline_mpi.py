@@ -67,6 +67,28 @@ def ops_body():
     jf.shutdown()  # writes the files
 
 
+def nonblocking_body():
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog as jf
+
+    jf.init()
+    r = jf.rank()
+    x = jnp.full(1 << 18, float(r), jnp.float32)  # 1 MB
+    start, finish = jax.jit(jf.neighbor_allreduce_nonblocking), jax.jit(jf.wait)
+    jax.block_until_ready(finish(start(x)))  # compiled
+    jf.barrier()
+    if r == 1:
+        time.sleep(0.3)  # the peer starts late: rank 0's wait waits for the op
+    handle = start(x)
+    np.testing.assert_allclose(finish(handle), 0.5)
+    jf.shutdown()
+
+
 def no_timeline_body():
     import os
 
@@ -169,6 +191,28 @@ def test_async_ops_show_their_time_queued(traces):
             before = [q for q in queued if q["tid"] == op["tid"] and
                       abs(q["ts"] + q["dur"] - op["ts"]) < 1.0]
             assert len(before) == 1, op
+
+
+def test_a_nonblocking_op_shows_its_copies_and_its_wait(tmp_path):
+    """The start's copy in (XLA's thread), the op (the communication thread),
+    then the wait: how long it waited for the op, and its copy out."""
+    env = {"JAXFOG_TIMELINE": str(tmp_path / "trace-{rank}.json")}
+    result = run_mpi(2, __file__, "nonblocking_body", timeout=120, env=env)
+    assert result.ok, result.report()
+    trace = json.loads((tmp_path / "trace-0.json").read_text())
+    spans = sorted(_spans(trace), key=lambda e: e["ts"])
+    last = [e for e in spans if e["name"] == "neighbor_allreduce"][-1]  # the timed one
+    before = [e for e in spans if e["ts"] < last["ts"]]
+    stage_in = [e for e in before if e["name"] == "stage in"][-1]
+    assert stage_in["tid"] != last["tid"] and stage_in["dur"] > 0  # XLA's thread
+    after = [e for e in spans if e["ts"] >= stage_in["ts"] + stage_in["dur"] - 1e-3]
+    waited = [e for e in after if e["name"] == "wait for the op"]
+    out = [e for e in after if e["name"] == "stage out"]
+    assert len(waited) == 1 and len(out) == 1, [e["name"] for e in after]
+    # Rank 1 was 0.3 s late: the wait waited for most of it, until the op ended.
+    assert waited[0]["dur"] > 0.1e6, waited
+    assert abs(waited[0]["ts"] + waited[0]["dur"] - (last["ts"] + last["dur"])) < 5e3
+    assert out[0]["ts"] >= last["ts"] + last["dur"] - 1e-3
 
 
 def test_merge_joins_the_ranks(traces):

@@ -9,6 +9,7 @@
 
 #include "call.h"
 #include "status.h"
+#include "timeline.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxfog {
@@ -132,7 +133,11 @@ ffi::Future WaitOnHost(ffi::Token, ffi::AnyBuffer ticket_buffer, ffi::RemainingA
   if (!pending) return CommThread::Done(NotPending(*ticket));
   auto promise = std::make_shared<ffi::Promise>();
   ffi::Future future(*promise);
-  pending->Then([pending, outputs, promise](const ffi::Error& outcome) {
+  const int64_t waiting_since = timeline::Enabled() ? timeline::Now() : -1;
+  pending->Then([pending, outputs, promise, waiting_since](const ffi::Error& outcome) {
+    if (waiting_since >= 0) {  // how long the wait waited for the op (0 if it had finished)
+      timeline::Record("wait for the op", -1, waiting_since, timeline::Now());
+    }
     HostCopier copier;
     ffi::Error error = outcome.success() ? pending->staging()->FinishInto(&copier, outputs)
                                          : outcome;

@@ -42,6 +42,7 @@ char* Staging::Scratch(const std::vector<size_t>& bytes, std::vector<size_t>* of
 }
 
 ffi::Error Staging::Inputs(std::vector<ConstPiece>* pieces) {
+  timeline::Span span("stage in");  // around the copies: a HostCopier's are synchronous
   std::vector<size_t> bytes, offsets;
   for (const ConstPiece& piece : *pieces) bytes.push_back(piece.bytes);
   char* host = Scratch(bytes, &offsets);
@@ -51,7 +52,6 @@ ffi::Error Staging::Inputs(std::vector<ConstPiece>* pieces) {
     JAXFOG_RETURN_IF_ERROR(copier_->ToHost(host + offsets[i], piece.data, piece.bytes));
     piece.data = host + offsets[i];
   }
-  timeline::Span span("stage in");
   in_flight_ = false;
   return copier_->Wait();
 }
