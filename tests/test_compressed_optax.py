@@ -130,13 +130,21 @@ def test_compressed_awc_keeps_the_average_and_trains():
     assert np.abs(path.mean(axis=1) - X.mean(0)).max() < 1e-12
     dense = jfo.awc(optax.sgd(lr))
     compressed = jfo.awc(optax.sgd(lr), compressor=C.top_k(0.3), gamma=0.5)
-    finals = [np.asarray(jax.jit(jf.simulate(oc.train(o, problem, n, 3000), topology))(
-        problem.A, problem.B)) for o in (dense, compressed)]
-    distance = [np.linalg.norm(f - problem.optimum, axis=1).max() for f in finals]
-    # From x = 0 (distance |x*|): both end in a neighbourhood of the optimum, the
-    # compressed one's about 2.4 times wider at this step size.
-    assert distance[0] < distance[1] < min(3 * distance[0],
-                                           0.4 * np.linalg.norm(problem.optimum)), distance
+    paths = [np.asarray(jax.jit(jf.simulate(oc.train(o, problem, n, 3000, every_step=True),
+                                            topology))(problem.A, problem.B))
+             for o in (dense, compressed)]
+    # The largest agent's distance to the optimum at each step, averaged over the
+    # last 1000 steps. Dense awc has converged (the same to 1e-15 at every step);
+    # compressed awc keeps moving in a neighbourhood (top-k's choice flips), and
+    # where it is at one step moves with float rounding: its final distance was
+    # 0.145-0.285 under XLA's SSE4.2, AVX, AVX2 and AVX-512 code, its average
+    # over the last 1000 steps 0.1947-0.1972 (1.3%).
+    distance = [np.linalg.norm(p - problem.optimum, axis=-1).max(axis=0)[-1000:].mean()
+                for p in paths]
+    # From x = 0 (distance |x*| = 0.51): both end in a neighbourhood of the
+    # optimum, the compressed one's about 2.7 times wider (0.072 and 0.196).
+    assert distance[0] < distance[1] < min(3.3 * distance[0],
+                                           0.5 * np.linalg.norm(problem.optimum)), distance
 
 
 def test_compressed_optimizers_refuse_bad_arguments():
