@@ -102,6 +102,43 @@ def test_update_needs_params():
             x, jfo.atc(optax.sgd(0.1)).init(x), x)[0], 2)(jnp.zeros((2, 2)))
 
 
+def test_atc_unfused_gives_the_fused_iterates():
+    """fused=False gives the fused iterates (numpy: W (x + u)); the messages
+    per leaf on MPI processes: tests/test_optax_mpi.py."""
+    n, steps = 4, 5
+    schedule = T.one_peer_exponential(n)
+    X = np.random.default_rng(3).standard_normal((n, 6)).astype(np.float32)
+
+    def split(x):
+        return {"a": x[:2], "b": x[2:3], "c": x[3:]}  # leaves in order a, b, c
+
+    def agent(x, fused, global_every=None):
+        opt = jfo.atc(optax.sgd(0.1, momentum=0.5), topology=schedule, fused=fused,
+                      global_every=global_every)
+        params = split(x)
+        state = opt.init(params)
+        for _ in range(steps):
+            grads = jax.tree.map(lambda p: p - 1.0, params)
+            updates, state = opt.update(grads, state, params)
+            params = optax.apply_updates(params, updates)
+        return jnp.concatenate([params["a"], params["b"], params["c"]])
+
+    for global_every in (2, None):
+        fused = jax.jit(jf.simulate(lambda x: agent(x, True, global_every), n))(X)
+        unfused = jax.jit(jf.simulate(lambda x: agent(x, False, global_every), n))(X)
+        np.testing.assert_array_equal(unfused, fused)
+    x, v = X.astype(np.float64), np.zeros_like(X, np.float64)
+    for k in range(steps):
+        v = (x - 1.0) + 0.5 * v
+        x = schedule.at(k).weights @ (x - 0.1 * v)
+    np.testing.assert_allclose(fused, x, rtol=2e-6, atol=1e-6)  # global_every=None
+
+    with pytest.raises(ValueError, match="fused=False starts each leaf's exchange"):
+        jfo.atc(optax.sgd(0.1), delay=1, fused=False)
+    with pytest.raises(TypeError, match="fused must be True or False"):
+        jfo.atc(optax.sgd(0.1), fused=0)
+
+
 def test_atc_composes_with_chain_and_schedules():
     """atc(chain(clip, sgd(schedule))) is W (x + u) with u from the chain, by numpy."""
     n, steps = 4, 3

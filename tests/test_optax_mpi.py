@@ -46,3 +46,43 @@ def test_optimizers_on_mpi_match_the_optimum_and_the_simulation():
         if r == 0:
             np.testing.assert_allclose(on_mpi, simulated, rtol=1e-11, atol=1e-13, err_msg=name)
             assert np.isfinite(on_mpi).all() and np.abs(on_mpi).max() > 1e-3, name
+
+
+@mpi_test(nprocs=(2,), timeout=120)
+def test_atc_unfused_sends_a_message_per_leaf_last_leaf_first():
+    import json
+    import os
+    import tempfile
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    jax.config.update("jax_enable_x64", True)
+    import jaxfog as jf
+    import jaxfog.optax as jfo
+    from jaxfog import ffi
+
+    trace = os.path.join(tempfile.mkdtemp(), "trace.json")  # this rank's own
+    os.environ["JAXFOG_TIMELINE"] = trace
+    jf.init()
+    r = jf.rank()
+    sizes = {"a": 3, "b": 500, "c": 20}  # leaves in order a, b, c; float64
+    params = {k: jnp.full(m, float(r + 1)) for k, m in sizes.items()}
+    sent = {}
+    for fused in (True, False):
+        opt = jfo.atc(optax.sgd(0.1), fused=fused)
+        step = jax.jit(lambda p, s: opt.update(jax.tree.map(jnp.ones_like, p), s, p))
+        updates, _ = jax.block_until_ready(step(params, opt.init(params)))
+        mixed = optax.apply_updates(params, updates)
+        for k in sizes:  # 2 ranks: the mean of (r + 1) - 0.1
+            np.testing.assert_allclose(mixed[k], 1.4, rtol=1e-14)
+        assert ffi.flush_timeline()
+        with open(trace.replace(".json", f".rank{r}.json")) as f:
+            spans = [e for e in json.load(f)["traceEvents"]
+                     if e["ph"] == "X" and e["name"] == "neighbor_allreduce"]
+        sent[fused] = [e["args"]["bytes"] for e in sorted(spans, key=lambda e: e["args"]["seq"])]
+    assert sent[True] == [8 * 523], sent  # one message
+    assert sent[False][1:] == [8 * 20, 8 * 500, 8 * 3], sent  # c, b, a: the last leaf first
+    jf.shutdown()

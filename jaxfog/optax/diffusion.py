@@ -83,7 +83,7 @@ def _delayed(what: str, inner: optax.GradientTransformation, topology: Any,
 @mixes_parameters
 def atc(inner: optax.GradientTransformation, *, topology: Any = None,
         communication: str = "neighbor", global_every: int | None = None,
-        delay: int = 0) -> optax.GradientTransformationExtraArgs:
+        delay: int = 0, fused: bool = True) -> optax.GradientTransformationExtraArgs:
     r"""Adapt then combine (ATC diffusion): a local optimizer step, then averaging.
 
     Every agent applies its inner update, then averages the result with its
@@ -174,6 +174,15 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
         ``global_every``. The exchanges in flight are
         :class:`jaxfog.Handle` s in the state (:class:`DelayedDiffusionState`);
         wait for them when training ends (``jaxfog.wait_all(opt_state)``).
+      fused: ``True`` (default): the whole pytree travels as one message per
+        peer, started once every leaf's update is computed. ``False``: one
+        exchange per leaf, in reverse leaf order (the order in which the
+        backward pass of a layered model produces the gradients: last layer
+        first), so that inside one jitted train step each leaf's exchange can
+        start as soon as its update is ready, while the backward pass goes on
+        (BlueFog's per-layer hooks). The same iterates; more, smaller messages.
+        It helps only when ``inner`` updates leaf by leaf (SGD, momentum,
+        Adam; not a global-norm clip, which needs every gradient first).
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -202,17 +211,30 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
       eq. (4)-(5) and Listing 4.
     """
     _check_diffusion("atc", inner, topology, communication, global_every)
+    V.flag("jaxfog.optax.atc", "fused", fused)
     if check_delay("atc", delay, communication, global_every):
+        if not fused:
+            raise ValueError("jaxfog.optax.atc: fused=False starts each leaf's exchange "
+                             "within the step; delay= already moves it across steps")
         return _delayed("atc", inner, topology, communication, delay, mix_params=False)
 
     def init(params):
         return DiffusionState(inner.init(params), jnp.zeros([], jnp.int32))
 
+    def mix(tree, count):
+        if fused:
+            return communicate(tree, topology, count, communication, global_every, "atc")
+        leaves, treedef = jax.tree.flatten(tree)
+        mixed = [None] * len(leaves)
+        for i in reversed(range(len(leaves))):  # program order: the last leaf's first
+            mixed[i] = communicate(leaves[i], topology, count, communication, global_every,
+                                   "atc")
+        return jax.tree.unflatten(treedef, mixed)
+
     def update(grads, state, params=None, **extra):
         need_params("atc", params)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
-        mixed = communicate(optax.apply_updates(params, u), topology, state.count,
-                             communication, global_every, "atc")
+        mixed = mix(optax.apply_updates(params, u), state.count)
         return sub(mixed, params), DiffusionState(inner_state, state.count + 1)
 
     return optax.GradientTransformationExtraArgs(init, update)
