@@ -105,6 +105,7 @@ def steps(params, batch: int, width: int):
     return {"compute": train(jfo.awc(inner, communication="none")),
             "comm": lambda: exchange(params),
             "atc": train(jfo.atc(inner)),
+            "atc unfused": train(jfo.atc(inner, fused=False)),
             "awc": train(jfo.awc(inner))}
 
 
@@ -156,13 +157,16 @@ def main() -> None:
             if mode == "inline":
                 row.update(compute=times["compute"], comm=times["comm"])
             row[f"atc {mode}"], row[f"awc {mode}"] = times["atc"], times["awc"]
+            row[f"atc unfused {mode}"] = times["atc unfused"]
             row[f"overlap {mode}"] = ((times["compute"] + times["comm"] - times["awc"])
                                       / min(times["compute"], times["comm"]))
             row[f"late peer {mode}"] = late_peer_time(fns["awc"], row["compute"] / 1e3,
                                                       args.repeats)
         rows.append(row)
     jf.set_async_min_bytes(0)
-    events = trace_events(steps(params, int(args.batches.split(",")[-1]), args.width)["awc"])
+    last = steps(params, int(args.batches.split(",")[-1]), args.width)
+    events = trace_events(last["awc"])
+    unfused_events = trace_events(last["atc unfused"])
     if RANK != 0:
         return
     lines = [f"# AWC: exchange vs backward pass ({SIZE} ranks, MLP {args.depth} x "
@@ -171,12 +175,13 @@ def main() -> None:
              f"jax {jax.__version__}. Median of the slowest rank's time per step (ms); "
              "inline: the exchange runs on XLA's thread, async: on jaxfog's "
              "communication thread.", "",
-             "| batch | compute | comm | atc inline | atc async | awc inline | awc async "
-             "| overlap inline | overlap async |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| batch | compute | comm | atc inline | atc async | atc unfused inline "
+             "| atc unfused async | awc inline | awc async | overlap inline | overlap async |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['batch']} | {r['compute']:.2f} | {r['comm']:.2f} "
                      f"| {r['atc inline']:.2f} | {r['atc async']:.2f} "
+                     f"| {r['atc unfused inline']:.2f} | {r['atc unfused async']:.2f} "
                      f"| {r['awc inline']:.2f} | {r['awc async']:.2f} "
                      f"| {r['overlap inline']:.2f} | {r['overlap async']:.2f} |")
     lines += ["", "Rank 1 a straggler, starting each step `compute` ms late: rank 0's awc "
@@ -192,6 +197,13 @@ def main() -> None:
     lines += ["", f"Timeline of one async awc step (batch {rows[-1]['batch']}, rank 0, "
               "jax.profiler), XLA ops of 50 us or more in start order (the custom call "
               "returns at once; its messages move on the communication thread):", "",
+              "| op | start (ms) | end (ms) | thread |", "|---|---:|---:|---|"]
+    lines += [f"| {name} | {start:.3f} | {end:.3f} | {tid} |" for name, start, end, tid in ops]
+    if not ops:
+        lines.append("| (the profiler recorded no XLA op events) | | | |")
+    ops = timeline(unfused_events)
+    lines += ["", f"The same for one async atc(fused=False) step: one exchange per layer, "
+              "the last layer's first, each started as the backward pass reaches it:", "",
               "| op | start (ms) | end (ms) | thread |", "|---|---:|---:|---|"]
     lines += [f"| {name} | {start:.3f} | {end:.3f} | {tid} |" for name, start, end, tid in ops]
     if not ops:
