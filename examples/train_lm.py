@@ -60,7 +60,8 @@ sent (modelled; on MPI also what ``jaxfog.comm_stats`` counted) and against
 simulated time; and, for scale, the bits per byte of a unigram model of the
 training bytes; the wall time of the training steps, tokens (bytes) per
 second, the model FLOP/s and the model FLOP utilization (MFU: model FLOP/s
-over the devices' dense peak, :data:`PEAK_TFLOPS` or ``--peak-tflops``). Writes ``--out``/lm_{n}agents.{md,json,png} (lm_{n}procs on
+over the devices' dense peak, :data:`PEAK_TFLOPS` or ``--peak-tflops``).
+Writes ``--out``/lm_{n}agents.{md,json,png} (lm_{n}procs on
 MPI processes).
 """
 
