@@ -17,7 +17,10 @@ training. ``--iid`` deals the files in a random order instead.
 
 The model: a decoder-only transformer over bytes (vocabulary 256), learned
 positions, pre-LayerNorm blocks of causal multi-head attention and a GELU
-MLP, the output layer tied to the embedding; float32. Every agent starts
+MLP, the output layer tied to the embedding; parameters in float32, computed
+in float32 or, with ``--dtype bfloat16``, in bfloat16 (the parameters cast
+inside the loss, so the gradients, the optimizer and the exchanges stay in
+float32, and the cross-entropy is taken on float32 logits). Every agent starts
 from the same model and takes minibatches of random windows of its own
 bytes; one training step is one ``jax.jit`` (on MPI processes
 ``jaxfog.jit``) call on all agents. The inner optimizer is AdamW with
@@ -55,8 +58,10 @@ Reported, every ``--eval-every`` steps: the validation loss of the agents'
 averaged model in bits per byte, against steps, against the bytes each agent
 sent (modelled; on MPI also what ``jaxfog.comm_stats`` counted) and against
 simulated time; and, for scale, the bits per byte of a unigram model of the
-training bytes; the wall time of the training steps and tokens (bytes) per
-second. Writes ``--out``/lm_{n}agents.{md,json,png} (lm_{n}procs on
+training bytes; the wall time of the training steps, tokens (bytes) per
+second, the model FLOP/s and the model FLOP utilization (MFU: model FLOP/s
+over the devices' dense peak, :data:`PEAK_TFLOPS` or ``--peak-tflops``).
+Writes ``--out``/lm_{n}agents.{md,json,png} (lm_{n}procs on
 MPI processes).
 """
 
@@ -96,6 +101,19 @@ VOCABULARY = 256  # bytes
 METHODS = ("allreduce", "atc", "tracking", "choco", "diloco", "diloco-compressed",
            "streaming-diloco", "noloco", "local-sgd", "push-sum")
 VALIDATION_EVERY = 10  # every 10th file is held out
+
+#: Dense peak TFLOP/s of one device, by ``device_kind`` and compute dtype: NVIDIA's
+#: H100 and H200 datasheets (SXM, PCIe and NVL forms), whose tensor-core figures
+#: are "with sparsity", halved here. float32 is the TF32 tensor-core peak: XLA's
+#: default precision runs float32 matmuls as TF32 on these GPUs (plain FP32 peaks
+#: at 67 TFLOP/s on the SXM forms).
+PEAK_TFLOPS = {
+    "NVIDIA H200": {"bfloat16": 989.4, "float32": 494.7},
+    "NVIDIA H200 NVL": {"bfloat16": 835.5, "float32": 417.5},
+    "NVIDIA H100 80GB HBM3": {"bfloat16": 989.4, "float32": 494.7},
+    "NVIDIA H100 PCIe": {"bfloat16": 756.5, "float32": 378.0},
+    "NVIDIA H100 NVL": {"bfloat16": 835.5, "float32": 417.5},
+}
 
 
 class Size(NamedTuple):
@@ -226,11 +244,32 @@ def make_model(size: Size, seed: int) -> Transformer:
                        context=size.context, rngs=nnx.Rngs(seed))
 
 
+def computed_in(graphdef: Any, params: Any, dtype: Any) -> Transformer:
+    """The model that computes in ``dtype``; the gradient flows back through
+    the cast to the float32 parameters."""
+    return nnx.merge(graphdef, jax.tree.map(lambda v: v.astype(dtype), params))
+
+
 def loss_nats(model: Transformer, windows: jax.Array) -> jax.Array:
     """Mean cross-entropy (nats) of each window's bytes after the first."""
     windows = windows.astype(jnp.int32)
-    logits = model(windows[:, :-1])
+    logits = model(windows[:, :-1]).astype(jnp.float32)  # bfloat16 logits lose the tail
     return optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:]).mean()
+
+
+def flops_per_token(size: Size, params: Any) -> float:
+    """Model FLOPs of one trained token, forward and backward (PaLM's count,
+    appendix B): 6 per matmul parameter (the blocks' and the tied output
+    layer's; the learned positions are only added) and 12 x depth x width x
+    context for the attention scores and values (the causal mask's zeros
+    counted, as is usual)."""
+    matmul = sum(v.size for v in jax.tree.leaves(params)) - size.context * size.width
+    return 6.0 * matmul + 12.0 * size.depth * size.width * size.context
+
+
+def peak_tflops(device_kind: str, dtype: str) -> float | None:
+    """One device's dense peak from :data:`PEAK_TFLOPS`, None if not listed."""
+    return PEAK_TFLOPS.get(device_kind, {}).get(dtype)
 
 
 def sample(stream: jax.Array, key: jax.Array, batch: int, context: int) -> jax.Array:
@@ -358,21 +397,21 @@ def synchronous_time(method: Method, steps: int, straggler: float, message_time:
 # -- training -----------------------------------------------------------------------------
 
 
-def averaged_bpb(agents: jf.Agents, graphdef: Any, params: Any, validation: jax.Array
-                 ) -> float:
+def averaged_bpb(agents: jf.Agents, graphdef: Any, params: Any, validation: jax.Array,
+                 dtype: Any) -> float:
     """Validation bits per byte of the agents' averaged model (collective)."""
     mean = agents.mean(params)
-    return float(evaluate(graphdef, mean, validation)) / math.log(2)
+    return float(evaluate(graphdef, mean, validation, dtype)) / math.log(2)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def evaluate(graphdef: Any, params: Any, validation: jax.Array) -> jax.Array:
-    return loss_nats(nnx.merge(graphdef, params), validation)
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def evaluate(graphdef: Any, params: Any, validation: jax.Array, dtype: Any) -> jax.Array:
+    return loss_nats(computed_in(graphdef, params, dtype), validation)
 
 
 def train(agents: jf.Agents, method: Method, data: Corpus, size: Size, model: Any, *,
-          steps: int, seed: int, straggler: float, message_time: float, progress: bool
-          ) -> list[dict[str, Any]]:
+          steps: int, seed: int, straggler: float, message_time: float, progress: bool,
+          dtype: Any) -> list[dict[str, Any]]:
     """One synchronous run from ``model`` (graphdef, params: the same on every
     agent); a row every ``size.eval_every`` steps (and at 0)."""
     graphdef, params = model
@@ -388,7 +427,7 @@ def train(agents: jf.Agents, method: Method, data: Corpus, size: Size, model: An
     def step(params, opt_state, stream, k):
         windows = sample(stream, batch_key(seed, jf.rank(), k), size.batch, size.context)
         loss, grads = nnx.value_and_grad(
-            lambda p: loss_nats(nnx.merge(graphdef, p), windows))(params)
+            lambda p: loss_nats(computed_in(graphdef, p, dtype), windows))(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -398,7 +437,8 @@ def train(agents: jf.Agents, method: Method, data: Corpus, size: Size, model: An
 
     def row(k, losses, wall, measured):
         sent = (k // method.every) * sent_per_round
-        return {"step": k, "val_bpb": averaged_bpb(agents, graphdef, state[0], validation),
+        return {"step": k,
+                "val_bpb": averaged_bpb(agents, graphdef, state[0], validation, dtype),
                 "train_bpb": (float(np.mean(agents.mean(jnp.stack(losses)))) / math.log(2)
                               if losses else None),
                 "sent_bytes": sent, "wall_time": wall,
@@ -436,8 +476,8 @@ def train(agents: jf.Agents, method: Method, data: Corpus, size: Size, model: An
 
 
 def train_push_sum(method: Method, data: Corpus, size: Size, model: Any, *, steps: int,
-                   seed: int, straggler: float, message_time: float, progress: bool
-                   ) -> list[dict[str, Any]]:
+                   seed: int, straggler: float, message_time: float, progress: bool,
+                   dtype: Any) -> list[dict[str, Any]]:
     """Asynchronous push-sum on simulated agents in simulated time: agent 0
     computes ``straggler`` units a step, the others 1; it runs until a fast
     agent has had the time for ``steps`` steps, in ``steps / eval_every``
@@ -457,7 +497,8 @@ def train_push_sum(method: Method, data: Corpus, size: Size, model: Any, *, step
     def grad_fn(stream):
         def gradient(params, k):
             windows = sample(stream, batch_key(seed, jf.rank(), k), size.batch, size.context)
-            return jax.grad(lambda p: loss_nats(nnx.merge(graphdef, p), windows))(params)
+            return jax.grad(lambda p: loss_nats(computed_in(graphdef, p, dtype), windows))(
+                params)
         return gradient
 
     def chunk(state, stream, until):
@@ -477,7 +518,7 @@ def train_push_sum(method: Method, data: Corpus, size: Size, model: Any, *, step
         iterations = np.asarray(state.iteration)
         mean = jax.tree.map(lambda v: v.mean(0), model)
         return {"step": float(iterations.mean()),
-                "val_bpb": float(evaluate(graphdef, mean, validation)) / math.log(2),
+                "val_bpb": float(evaluate(graphdef, mean, validation, dtype)) / math.log(2),
                 "train_bpb": None, "sent_bytes": float(iterations.mean()) * sent_per_step,
                 "wall_time": wall, "simulated_time": until, "iterations": iterations.tolist()}
 
@@ -506,29 +547,33 @@ def at_time(rows: list[dict[str, Any]], when: float) -> float:
 
 
 def summary(results: dict[str, list[dict[str, Any]]], unigram: float, when: float,
-            tokens_per_step: int) -> list[str]:
+            tokens_per_step: int, flops_per_token: float, peak: float | None) -> list[str]:
     """The table: per method, the last row, the bpb at simulated time ``when``,
-    and the training throughput (``tokens_per_step``: all agents' bytes a step)."""
+    and the training throughput (``tokens_per_step``: all agents' bytes a step;
+    ``peak``: the dense TFLOP/s of all the devices used, None if unknown)."""
     base = results.get("allreduce", [{}])[-1].get("val_bpb")
     measured = any("measured_sent_bytes" in rows[-1] for rows in results.values())
     lines = ["| method | steps | validation bpb | vs allreduce | MB sent / agent "
              + ("| measured MB " if measured else "")
-             + f"| simulated time | bpb at time {when:g} | wall time | tokens/s |",
+             + f"| simulated time | bpb at time {when:g} | wall time | tokens/s "
+             "| model TFLOP/s | MFU |",
              "|---|---:|---:|---:|---:|" + ("---:|" if measured else "")
-             + "---:|---:|---:|---:|"]
+             + "---:|---:|---:|---:|---:|---:|"]
     for label, rows in results.items():
         last = rows[-1]
         gap = "" if base is None else f"{last['val_bpb'] - base:+.3f}"
+        tokens = last["step"] * tokens_per_step / max(last["wall_time"], 1e-9)
+        tflops = tokens * flops_per_token / 1e12
+        mfu = "" if peak is None else f"{100 * tflops / peak:.2f}%"
         lines.append(
             f"| {label} | {last['step']:.0f} | {last['val_bpb']:.3f} | {gap} "
             f"| {last['sent_bytes'] / 1e6:.2f} "
             + (f"| {last.get('measured_sent_bytes', float('nan')) / 1e6:.2f} "
                if measured else "")
             + f"| {last['simulated_time']:.0f} | {at_time(rows, when):.3f} "
-            f"| {last['wall_time']:.1f} s "
-            f"| {last['step'] * tokens_per_step / max(last['wall_time'], 1e-9):,.0f} |")
+            f"| {last['wall_time']:.1f} s | {tokens:,.0f} | {tflops:.3g} | {mfu} |")
     lines.append(f"| unigram model of the training bytes | | {unigram:.3f} | | | "
-                 + ("| " if measured else "") + "| | | |")
+                 + ("| " if measured else "") + "| | | | | |")
     return lines
 
 
@@ -600,6 +645,12 @@ def main(argv=None) -> dict[str, Any]:
                         help="on a device mesh: one agent per device of every process under "
                              "jaxfog run, --agents spread over this process's devices "
                              "without it")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="compute dtype; the parameters, gradients, optimizer and "
+                             "exchanges stay float32")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="one device's dense peak for the MFU (default: PEAK_TFLOPS by "
+                             "device kind and --dtype; none on CPUs)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="train_lm_results",
                         help="directory for lm_{n}agents.{md,json,png}")
@@ -635,11 +686,11 @@ def main(argv=None) -> dict[str, Any]:
                 continue
             rows = train_push_sum(method, data, size, model, steps=size.steps, seed=args.seed,
                                   straggler=args.straggler, message_time=args.message_time,
-                                  progress=not args.no_progress)
+                                  progress=not args.no_progress, dtype=args.dtype)
         else:
             rows = train(agents, method, data, size, model, steps=size.steps, seed=args.seed,
                          straggler=args.straggler, message_time=args.message_time,
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, dtype=args.dtype)
         results[method.label] = rows
         if agents.is_root and not args.quiet:
             last = rows[-1]
@@ -649,9 +700,18 @@ def main(argv=None) -> dict[str, Any]:
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     count = sum(v.size for v in jax.tree.leaves(model[1]))
     version = sys.version.split()[0]
+    # The devices the agents run on: simulated agents share one; MPI processes
+    # and mesh agents have their own.
+    kind = jax.devices()[0].device_kind
+    devices = agents.mesh.devices.size if on_mesh else n if on_mpi else 1
+    per_device = args.peak_tflops or peak_tflops(kind, args.dtype)
+    peak = None if per_device is None else per_device * devices
+    flops = flops_per_token(size, model[1])
     report = {
         "where": where, "machine": _machine.cpu(), "python": version,
         "jax": jax.__version__, "size": size._asdict(), "parameters": int(count),
+        "dtype": args.dtype, "device_kind": kind, "devices": devices,
+        "flops_per_token": flops, "peak_tflops": peak,
         "unigram_bpb": data.unigram_bpb, "iid": args.iid, "straggler": args.straggler,
         "message_time": args.message_time, "agent_bytes": int(data.streams.shape[1]),
         "agent_files": [[files[0], files[-1], len(files)] for files in data.files],
@@ -668,7 +728,8 @@ def main(argv=None) -> dict[str, Any]:
             f"sorted by path, every {VALIDATION_EVERY}th file held out; each agent trains on "
             f"{data.streams.shape[1] / 1e6:.2f} MB of its own files, {split}. Model: "
             f"{size.depth} blocks of width {size.width}, {size.heads} heads, context "
-            f"{size.context}, {count:,} parameters (float32); {size.steps} steps of "
+            f"{size.context}, {count:,} parameters (float32, computed in {args.dtype}); "
+            f"{size.steps} steps of "
             f"{size.batch} windows per agent; inner optimizer AdamW (peak {size.lr:g}, "
             f"warmup-cosine, clipped at norm 1); CHOCO's gamma {args.gamma:g}; DiLoCo's "
             f"outer Nesterov step {args.outer_lr:g}, momentum {args.outer_momentum:g}.", "",
@@ -681,9 +742,14 @@ def main(argv=None) -> dict[str, Any]:
             f"model it carries. 'bpb at time {size.steps:g}': when a fast agent has had the "
             f"time for {size.steps} steps (asynchronous push-sum's budget). Wall time: the "
             f"training steps, compilation and validation excluded; tokens/s: all agents' "
-            f"training bytes per second of it.", ""]
+            f"training bytes per second of it. Model TFLOP/s: tokens/s x {flops:,.0f} "
+            f"FLOPs a token (6 per matmul parameter + 12 x depth x width x context, forward "
+            f"and backward); MFU: over "
+            + (f"{devices} x {kind}'s dense {args.dtype} peak, {per_device:g} TFLOP/s"
+               + ("" if args.peak_tflops else " (NVIDIA's datasheet)")
+               if peak else f"no known peak for {kind} (--peak-tflops)") + ".", ""]
         text = "\n".join(header + summary(results, data.unigram_bpb, size.steps,
-                                          n * size.batch * size.context))
+                                          n * size.batch * size.context, flops, peak))
         print(text, flush=True)
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, f"lm_{n}{'procs' if on_mpi else 'agents'}")

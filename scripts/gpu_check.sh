@@ -9,7 +9,11 @@
 # Why one call: the GPU machine is lent 15 minutes per session, each start
 # (about a minute) included; a command may run 10 minutes; it stays warm 30 s;
 # only 8 files come back from $OUT. So the default run takes at most
-# GPU_CHECK_DEADLINE seconds (default 420) and writes at most 8 files.
+# GPU_CHECK_DEADLINE seconds (default 420) and writes at most 8 files, and each
+# stage has a time budget (budget_of below; the default stages' sum to 420 s):
+# a slow stage is cut at its budget, not at the cost of the stages after it
+# (with one deadline only, the 2026-11-27 run never reached training and gave
+# lm 46 s).
 #
 # Default stages, most important first (the crash check leads; a failed build
 # ends the run, since nothing after it can load the library):
@@ -21,15 +25,18 @@
 #   exit            scripts/exit_probe.py on the GPU: how long a process that used it
 #                   takes to exit, phase by phase (NCCL, host-staged, 2 ranks)
 #   mpi-suite       tests/test_ops_mpi.py and test_nonblocking_mpi.py on GPU arrays,
-#                   host-staged
-#   bench-exchange  exchange 1 KB..256 MB (NCCL, staged) against device copies and
-#                   host round trips, the staged allgather against its floor; dispatch
-#   bench-sim       the simulation backend, n = 16..1024 agents, d = 1e4..1e7
-#   lm              examples/train_lm.py --size gpu, 200 steps, 3 methods (tokens/s)
+#                   host-staged, each test at its smallest rank count
+#   bench-exchange  exchange 4 KB..64 MB (NCCL, staged) against device copies and
+#                   pinned host round trips, the staged allgather against its floor
+#                   (pinned copies); dispatch (bench_gpu.py --short)
+#   bench-sim       the simulation backend, n = 16, 128, 1024, d = 1e4, 1e6, 1e7
+#   lm              examples/train_lm.py --size gpu, 100 steps of allreduce, float32
+#                   then bfloat16 (tokens/s, MFU)
 #   overlap         benchmarks/bench_overlap.py on the CPU cores: how much of an
 #                   exchange start/wait hides behind the backward pass
-#   training        the digits demo, optax and windows on GPU arrays, host-staged
-#                   (last: the longest; one optax test alone took 93 s on the H200)
+#   training        windows, the digits demo and optax on GPU arrays, host-staged,
+#                   each test at its smallest rank count (last: the longest; one
+#                   optax test alone took 93 s on the H200, so its budget ends it)
 # Explicit only: probe (the machine), mpi (a 2-rank MPI hello), units (build, JAX-compat
 # and C++ unit tests), staged and nccl (the two halves of gpu-tests).
 #
@@ -52,9 +59,10 @@
 # failure report as it ends.
 #
 # Environment: OUT (default /tmp/gpu_check), GPU_CHECK_DEADLINE (seconds, default
-# 420), GPU_CHECK_MIN_STEP, GPU_CHECK_PLAN=1 (print the steps and their limits,
-# run nothing), GPU_CHECK_NO_BUILD=1 (never build; fail if the library is
-# missing or stale), PYTHON (default python3).
+# 420), GPU_CHECK_MIN_STEP, GPU_CHECK_PLAN=1 (print the stages' budgets, the steps
+# and their limits, run nothing), GPU_CHECK_BUDGETS=0 (no stage budgets: a stage
+# named alone, e.g. training, runs to its steps' own limits), GPU_CHECK_NO_BUILD=1
+# (never build; fail if the library is missing or stale), PYTHON (default python3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -62,6 +70,7 @@ OUT=${OUT:-/tmp/gpu_check}
 DEADLINE=${GPU_CHECK_DEADLINE:-420}
 MIN_STEP=${GPU_CHECK_MIN_STEP:-5}
 PLAN=${GPU_CHECK_PLAN:-0}
+BUDGETS=${GPU_CHECK_BUDGETS:-1}
 PY=${PYTHON:-python3}
 GRACE=5        # timeout's --kill-after: SIGKILL this long after SIGTERM
 MAX_FILES=8    # what the device tool brings back
@@ -83,17 +92,55 @@ say() {
   [ "$LOG" = "$SUMMARY" ] || echo "$line" >>"$LOG"
 }
 
-# step NAME LIMIT COMMAND...: COMMAND bounded by LIMIT and by the deadline, its
-# output appended to the stage's log. 0 ok, 125 skipped, else its exit status
-# (a failure counts against the run unless STEP_SOFT=1: a question, not a check).
+# Seconds each stage may take, its steps together. Measured on the H200
+# (2026-11-27, seconds): build 25, gpu-tests 27, exit 15, mpi-suite 184 with every
+# rank count (about 80 with the smallest), bench-exchange 67 + dispatch 22 at the
+# full grids, bench-sim 149 at the full grid, lm 75 for 200 steps of 3 methods,
+# overlap 24; training never ran whole. The default stages' budgets sum to 420.
+budget_of() {
+  case $1 in
+    build) echo 40 ;;
+    gpu-tests) echo 35 ;;
+    exit) echo 20 ;;
+    mpi-suite) echo 85 ;;
+    bench-exchange) echo 55 ;;
+    bench-sim) echo 40 ;;
+    lm) echo 60 ;;
+    overlap) echo 30 ;;
+    training) echo 55 ;;
+    probe | mpi) echo 60 ;;
+    staged | nccl) echo 60 ;;
+    units) echo 300 ;;
+  esac
+}
+
+# limit_of OWN: a step's limit, the smallest of its own, what is left of the
+# deadline (less the kill grace) and what is left of its stage's budget.
+STAGE_END=0
+limit_of() {
+  local own=$1 left=$((DEADLINE - SECONDS - GRACE))
+  [ "$left" -lt "$own" ] && own=$left
+  if [ "$BUDGETS" != 0 ] && [ $((STAGE_END - SECONDS)) -lt "$own" ]; then
+    own=$((STAGE_END - SECONDS))
+  fi
+  echo "$own"
+}
+
+# step NAME LIMIT COMMAND...: COMMAND bounded by LIMIT, the deadline and the
+# stage's budget, its output appended to the stage's log. 0 ok, 125 skipped, else
+# its exit status (a failure counts against the run unless STEP_SOFT=1: a
+# question, not a check).
 STEP_LIMIT=0
 step() {
   local name=$1 own=$2
   shift 2
-  local left=$((DEADLINE - SECONDS - GRACE))
-  STEP_LIMIT=$((own < left ? own : left))
+  STEP_LIMIT=$(limit_of "$own")
   if [ "$STEP_LIMIT" -lt "$MIN_STEP" ]; then
-    say "SKIP $name: $((DEADLINE - SECONDS)) s left of the ${DEADLINE} s deadline"
+    if [ $((DEADLINE - SECONDS - GRACE)) -lt "$MIN_STEP" ]; then
+      say "SKIP $name: $((DEADLINE - SECONDS)) s left of the ${DEADLINE} s deadline"
+    else
+      say "SKIP $name: $((STAGE_END - SECONDS)) s left of its stage's budget"
+    fi
     skipped+=("$name")
     return 125
   fi
@@ -140,8 +187,8 @@ sweep() {
 pytest_() {
   local name=$1 own=$2
   shift 2
-  local left=$((DEADLINE - SECONDS - GRACE))
-  local limit=$((own < left ? own : left))
+  local limit
+  limit=$(limit_of "$own")
   local per_test=$((limit > 150 ? 120 : limit * 4 / 5))
   local timeouts=(-o "faulthandler_timeout=$per_test")
   if "$PY" -c "import pytest_timeout" 2>/dev/null; then
@@ -251,25 +298,31 @@ stage_exit() {
     --ranks 2 --timeout 80
 }
 
+# Each test at its smallest rank count (--first-param-only, scripts/pytest_progress.py):
+# every rank count took 184 s on the H200.
 stage_mpi_suite() {
-  JAXFOG_TEST_PLATFORMS=cuda JAXFOG_BACKEND=mpi pytest_ mpi-suite 240 tests/test_ops_mpi.py \
-    tests/test_nonblocking_mpi.py
+  JAXFOG_TEST_PLATFORMS=cuda JAXFOG_BACKEND=mpi pytest_ mpi-suite 240 --first-param-only \
+    tests/test_ops_mpi.py tests/test_nonblocking_mpi.py
 }
 
+# Windows first (about 4 s a test), optax last (93 s for one test on the H200).
 stage_training() {
-  JAXFOG_TEST_PLATFORMS=cuda JAXFOG_BACKEND=mpi pytest_ training 300 \
-    tests/test_train_digits.py tests/test_optax_mpi.py tests/test_window_mpi.py
+  JAXFOG_TEST_PLATFORMS=cuda JAXFOG_BACKEND=mpi pytest_ training 300 --first-param-only \
+    tests/test_window_mpi.py tests/test_train_digits.py tests/test_optax_mpi.py
 }
 
-# The language model at its GPU size, shortened to fit (200 steps, three
-# methods): tokens/s and bits per byte; the table goes into bench.log (the 8
-# files under $OUT are taken), the full run is `train_lm.py --size gpu`.
+# The language model at its GPU size, shortened to fit (100 steps of allreduce,
+# in float32, then computed in bfloat16): tokens/s, MFU and bits per byte; the
+# tables go into bench.log (the 8 files under $OUT are taken), the full run is
+# `train_lm.py --size gpu`.
 stage_lm() {
-  local tmp
-  tmp=$(mktemp -d)
-  step lm 150 "$PY" examples/train_lm.py --size gpu --steps 200 --eval-every 50 \
-    --methods allreduce,atc,diloco --out "$tmp" --no-progress --quiet || return
-  [ "$PLAN" = 1 ] || cat "$tmp"/lm_*.md >>"$LOG"
+  local dtype tmp
+  for dtype in float32 bfloat16; do
+    tmp=$(mktemp -d)
+    step "lm-$dtype" 40 "$PY" examples/train_lm.py --size gpu --steps 100 --eval-every 50 \
+      --methods allreduce --dtype "$dtype" --out "$tmp" --no-progress --quiet || return
+    [ "$PLAN" = 1 ] || cat "$tmp"/lm_*.md >>"$LOG"
+  done
 }
 
 # Start/wait against the backward pass on the CPU, with a core per thread
@@ -286,16 +339,16 @@ stage_overlap() {
 }
 
 stage_bench_sim() {
-  step bench-sim 240 "$PY" benchmarks/bench_gpu.py --part simulate || return
+  step bench-sim 240 "$PY" benchmarks/bench_gpu.py --part simulate --short || return
   keep benchmarks/results/simulate_gpu.md "simulate_$(device_tag).md"
 }
 
 stage_bench_exchange() {
   local tmp
   tmp=$(mktemp -d)
-  step bench-exchange 200 "$PY" benchmarks/bench_gpu.py --part exchange --out "$tmp" &&
+  step bench-exchange 200 "$PY" benchmarks/bench_gpu.py --part exchange --short --out "$tmp" &&
     keep "$tmp/exchange_gpu.md" "exchange_$(device_tag).md"
-  step bench-dispatch 90 "$PY" benchmarks/bench_gpu.py --part dispatch &&
+  step bench-dispatch 90 "$PY" benchmarks/bench_gpu.py --part dispatch --short &&
     keep benchmarks/results/dispatch_2ranks.md "dispatch_2ranks_$(device_tag).md"
 }
 
@@ -321,7 +374,13 @@ done
 say "gpu_check $* (deadline ${DEADLINE} s; device $(device_tag); OUT=$OUT)"
 for stage in "$@"; do
   LOG="$OUT/$(log_of "$stage")"
-  say "stage $stage"
+  budget=$(budget_of "$stage")
+  STAGE_END=$((SECONDS + budget))
+  if [ "$BUDGETS" = 0 ]; then
+    say "stage $stage"
+  else
+    say "stage $stage (budget ${budget} s)"
+  fi
   "stage_${stage//-/_}"
   rc=$?
   if [ "$stage" = build ] && [ "$rc" != 0 ] && [ "$rc" != 125 ]; then

@@ -5,6 +5,7 @@ its time limit loses every reason (the GPU machine's first training run ended
 as ``..F.`` and nothing else). This plugin writes each test's outcome, time
 and, on failure, its report the moment the test ends, and stamps the end of
 the session, so the log shows how long the process then took to exit.
+``--first-param-only`` keeps each test function's first parametrization.
 """
 
 from __future__ import annotations
@@ -18,6 +19,24 @@ _start = time.time()
 def _say(text: str) -> None:
     sys.__stderr__.write(text + "\n")
     sys.__stderr__.flush()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--first-param-only", action="store_true",
+                     help="run each test function with its first parameters only (for "
+                          "the MPI suites: the smallest rank count), to fit a time budget")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("first_param_only"):
+        return
+    seen, kept, dropped = set(), [], []
+    for item in items:
+        function = item.nodeid.split("[")[0]
+        (dropped if function in seen else kept).append(item)
+        seen.add(function)
+    config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
 
 
 def pytest_runtest_logreport(report):

@@ -60,6 +60,30 @@ def test_the_plan_runs_every_stage_in_priority_order(tmp_path):
         per_test = int(re.search(r"(?:--timeout=|faulthandler_timeout=)(\d+)", line).group(1))
         assert per_test < limit, line
     assert not list(tmp_path.glob("*.md"))  # a plan writes no table
+    # Every default stage has a time budget, and the budgets fit the deadline:
+    # with the deadline alone, a slow stage took the later stages' time (the
+    # 2026-11-27 run never reached training and gave lm 46 s).
+    budgets = dict(re.findall(r"^== \[\d+s\] stage (\S+) \(budget (\d+) s\)$", run.stdout,
+                              re.M))
+    assert list(budgets) == DEFAULT
+    assert all(int(b) > 0 for b in budgets.values())
+    assert sum(int(b) for b in budgets.values()) <= 420
+    # No step's limit exceeds its stage's budget.
+    stage = None
+    for line in run.stdout.splitlines():
+        if match := re.match(r"== \[\d+s\] stage (\S+)", line):
+            stage = match[1]
+        elif match := re.match(r"== \[\d+s\] PLAN \S+ \(limit (\d+) s\)", line):
+            assert int(match[1]) <= int(budgets[stage]), line
+    # The GPU sizes are cut to fit: short benchmark grids, the MPI suites at one
+    # rank count per test, the language model in both dtypes.
+    for name, words in (("bench-exchange", "--short"), ("bench-sim", "--short"),
+                        ("mpi-suite", "--first-param-only"),
+                        ("training", "--first-param-only"),
+                        ("lm-float32", "--dtype float32"), ("lm-bfloat16", "--dtype bfloat16")):
+        assert re.search(rf"PLAN {name} \(limit \d+ s\): .*{words}", run.stdout), name
+    run, _ = _check(tmp_path, "lm", timeout=60, GPU_CHECK_PLAN="1", GPU_CHECK_BUDGETS="0")
+    assert re.search(r"^== \[\d+s\] stage lm$", run.stdout, re.M), run.stdout
 
 
 def test_explicit_stages_and_unknown_ones(tmp_path):
@@ -126,3 +150,18 @@ def test_a_process_that_ran_ops_exits_within_seconds(ranks):
     for marks in result["ranks"].values():
         assert set(exit_probe.PHASES) <= set(marks), result["output"]
     assert worst < 8.0, "\n".join(lines)
+
+
+def test_first_param_only_keeps_each_tests_smallest_rank_count():
+    """The MPI suites' cut in the GPU check (scripts/pytest_progress.py)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "pytest_progress", "--first-param-only",
+         "--collect-only", "-q", "-p", "no:cacheprovider", "tests/test_ops_mpi.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])})
+    assert run.returncode == 0, run.stdout + run.stderr
+    ids = re.findall(r"^tests/test_ops_mpi.py::(\w+)\[(\d+)\]$", run.stdout, re.M)
+    functions = [name for name, _ in ids]
+    assert len(functions) == len(set(functions)) >= 10
+    assert dict(ids)["test_collectives"] == "2"
+    assert dict(ids)["test_hierarchical_with_faked_machines"] == "4"

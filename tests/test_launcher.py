@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,7 +39,8 @@ def test_hydra_command():
 
 
 def test_openmpi_command_forwards_environment():
-    env = {"PATH": "/bin", "JAXFOG_TIMEOUT": "5", "BASH_FUNC_x%%": "() {}", "PWD": "/"}
+    env = {"PATH": "/nonexistent", "JAXFOG_TIMEOUT": "5", "BASH_FUNC_x%%": "() {}",
+           "PWD": "/"}
     args = launcher.build_command(["python", "t.py"], 2, hosts="n1:1,n2:1",
                                   mpiexec="/o/mpiexec", flavour="openmpi", env=env)
     assert args[:5] == ["/o/mpiexec", "-n", "2", "-H", "n1:1,n2:1"]
@@ -149,7 +151,85 @@ def test_mpiexec_options_reach_mpiexec(capsys):
     assert main(["run", "-np", "2", "-prepend-rank", "--dry-run", "python", "x.py"]) == 0
     words = capsys.readouterr().out.split()
     assert words[1:5] == ["-n", "2", "-genvall", "-prepend-rank"]
-    assert words[-2:] == ["python", "x.py"]
+    assert words[-2:] == [shutil.which("python"), "x.py"]  # resolved here (see below)
+
+
+# --- the program the launching shell would run -------------------------------
+
+def test_program_resolved_on_the_launchers_path(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder in (first, second):
+        folder.mkdir()
+        (folder / "prog").write_text("#!/bin/sh\n")
+        (folder / "prog").chmod(0o755)
+    env = {"PATH": f"{first}:{second}"}
+    build = lambda command: launcher.build_command(  # noqa: E731
+        command, 2, mpiexec="/x/mpiexec", flavour="hydra", env=env)
+    assert build(["prog", "-v"])[-2:] == [str(first / "prog"), "-v"]
+    # A path is the user's choice; a name not found here is left to the ranks
+    # (a program only the other hosts have).
+    assert build(["./prog", "prog"])[-2:] == ["./prog", "prog"]
+    assert build(["only-on-the-nodes"])[-1] == "only-on-the-nodes"
+    assert launcher.build_command(["prog"], 2, mpiexec="/x/mpiexec", flavour="openmpi",
+                                  env=env, rank_shim=False)[-1] == str(first / "prog")
+
+
+# Stands in for Open MPI 4's mpiexec started by an absolute path (ORTE's
+# "--prefix by absolute path"): each rank's PATH starts with the prefix's bin,
+# even over a forwarded ``-x PATH``. Measured with Debian's Open MPI 4.1.4:
+# ``/prefix/usr/bin/mpiexec.openmpi -n 2 sh -c 'echo $PATH'`` printed
+# ``/prefix/usr/bin:/prefix/usr/bin:<the caller's PATH>``.
+_PREFIXING_MPIEXEC = r"""#!{python}
+import os, subprocess, sys
+if sys.argv[1:] == ["--version"]:
+    sys.exit(print("mpiexec (OpenRTE) 4.1.6"))
+args, n = sys.argv[1:], 1
+while args[0].startswith("-"):
+    if args[0] in ("-n", "-x"):
+        n = int(args[1]) if args[0] == "-n" else n
+        args = args[2:]
+    else:
+        args = args[1:]
+env = {{**os.environ, "PATH": os.path.dirname(os.path.abspath(__file__)) + ":" +
+       os.environ["PATH"], "OMPI_COMM_WORLD_LOCAL_SIZE": str(n)}}
+ranks = [subprocess.Popen(args, env={{**env, "OMPI_COMM_WORLD_RANK": str(r),
+                                      "OMPI_COMM_WORLD_LOCAL_RANK": str(r)}})
+         for r in range(n)]
+sys.exit(max(rank.wait() for rank in ranks))
+"""
+
+
+def _marked_python(folder: Path, marker: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "python3").write_text(f"#!/bin/sh\necho {marker} \"$@\"\n")
+    (folder / "python3").chmod(0o755)
+
+
+@pytest.mark.parametrize("mpi", ["installed", "prefixing", "JAXFOG_TEST_MPIEXEC"])
+def test_ranks_run_the_program_the_shell_finds(tmp_path, mpi):
+    """The GPU machine's failure: ``jaxfog run -np 2 python3 bench.py`` ran an
+    interpreter without numpy in every rank while ``python3`` in the same
+    shell had it (its Open MPI at /usr/bin put /usr/bin first on the ranks'
+    PATH). The shell's first ``python3`` here prints a marker; each rank must
+    run that one."""
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    if mpi == "prefixing":
+        mpiexec = tmp_path / "prefix" / "bin" / "mpiexec"
+        _marked_python(mpiexec.parent, "the-mpi-prefix-python3")
+        mpiexec.write_text(_PREFIXING_MPIEXEC.format(python=sys.executable))
+        mpiexec.chmod(0o755)
+        env[launcher.MPIEXEC_ENV] = str(mpiexec)
+    elif mpi == "JAXFOG_TEST_MPIEXEC":
+        if not os.environ.get(mpi):
+            pytest.skip("set JAXFOG_TEST_MPIEXEC to an Open MPI's mpiexec (e.g. "
+                        "/usr/bin/mpiexec.openmpi) to launch with it too")
+        env[launcher.MPIEXEC_ENV] = os.environ[mpi]
+    _marked_python(tmp_path / "shell", "the-shells-python3")
+    env["PATH"] = f"{tmp_path / 'shell'}:{env['PATH']}"
+    out = subprocess.run([sys.executable, "-m", "jaxfog.cli", "run", "-np", "2", "python3",
+                          "bench.py"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["the-shells-python3 bench.py"] * 2, out.stdout
 
 
 _PARTIAL = r"""

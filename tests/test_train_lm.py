@@ -154,6 +154,58 @@ def test_tiny_run_learns_and_reports(tmp_path, capsys):
     assert push[-1]["val_bpb"] < push[0]["val_bpb"] - 2
 
 
+def _table_row(text: str, label: str) -> dict[str, str]:
+    """The summary table's row of ``label``, by column name."""
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("| method |"))
+    row = next(line for line in lines if line.startswith(f"| {label} |"))
+    cells = lambda line: [c.strip() for c in line.strip().strip("|").split("|")]  # noqa: E731
+    return dict(zip(cells(header), cells(row), strict=True))
+
+
+def test_bfloat16_learns_and_reports_mfu(tmp_path, capsys):
+    """``--dtype bfloat16`` on 2 agents: the loss falls as in float32 (not
+    bit for bit: the compute is bfloat16), and the summary reports model
+    TFLOP/s and MFU against the peak given."""
+    lm = _example("train_lm")
+    common = [*TINY, "--methods", "allreduce", "--steps", "24", "--eval-every", "12"]
+    f32 = lm.main([*common, "--out", str(tmp_path / "f32")])
+    capsys.readouterr()
+    report = lm.main([*common, "--dtype", "bfloat16", "--peak-tflops", "0.5",
+                      "--out", str(tmp_path / "bf16")])
+    text = capsys.readouterr().out
+    assert report["dtype"] == "bfloat16" and report["peak_tflops"] == 0.5
+    rows, rows32 = report["results"]["allreduce"], f32["results"]["allreduce"]
+    bpb = [r["val_bpb"] for r in rows]
+    assert all(math.isfinite(b) for b in bpb) and bpb[2] < bpb[1] < bpb[0] - 2
+    assert bpb[-1] != rows32[-1]["val_bpb"]
+    assert abs(bpb[-1] - rows32[-1]["val_bpb"]) < 0.3
+    # 6 per matmul parameter (all but the learned positions) + 12 L d T.
+    size = lm.SIZES["tiny"]
+    matmul = report["parameters"] - size.context * size.width
+    assert report["flops_per_token"] == 6 * matmul + 12 * size.depth * size.width * size.context
+    row = _table_row(text, "allreduce")
+    tokens = float(row["tokens/s"].replace(",", ""))
+    tflops = float(row["model TFLOP/s"])
+    assert tokens > 0 and tflops == pytest.approx(
+        tokens * report["flops_per_token"] / 1e12, rel=2e-3)
+    assert float(row["MFU"].rstrip("%")) == pytest.approx(100 * tflops / 0.5, rel=2e-2)
+    assert float(row["MFU"].rstrip("%")) > 0
+    # Without --peak-tflops a CPU has no listed peak: no MFU, and the report says why.
+    assert _table_row((tmp_path / "f32" / "lm_2agents.md").read_text(), "allreduce")["MFU"] == ""
+    assert "no known peak for cpu" in (tmp_path / "f32" / "lm_2agents.md").read_text()
+
+
+def test_peaks_by_device_kind():
+    lm = _example("train_lm")
+    # The names jax gives these GPUs (device_kind), dense peaks: the datasheets
+    # "with sparsity" figures halved; float32 runs as TF32.
+    assert lm.peak_tflops("NVIDIA H200", "bfloat16") == 989.4
+    assert lm.peak_tflops("NVIDIA H100 80GB HBM3", "float32") == 494.7
+    assert lm.peak_tflops("NVIDIA H100 PCIe", "bfloat16") == 756.5
+    assert lm.peak_tflops("cpu", "float32") is None
+
+
 # -- backends ---------------------------------------------------------------------------------
 
 

@@ -109,7 +109,20 @@ def build_command(command: Sequence[str], np: int, *, hosts: str | None = None,
     args += list(mpi_args)
     if rank_shim:
         args += [sys.executable, str(Path(__file__).resolve())]
-    return args + list(command)
+    return args + resolve_program(command, env)
+
+
+def resolve_program(command: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """``command`` with its program as the launching shell finds it on
+    ``env``'s PATH: a rank's PATH may differ. Open MPI started by an absolute
+    path (``/usr/bin/mpiexec``, what :func:`find_mpiexec` gives) acts as if
+    given ``--prefix``: every rank's PATH starts with that prefix's ``bin``, so
+    ``python3`` in a rank was ``/usr/bin/python3``, not the virtual
+    environment's. A path with a ``/``, or a name not found here (a program
+    only the other hosts have), is left to the ranks."""
+    program, *rest = command
+    found = None if "/" in program else shutil.which(program, path=env.get("PATH", ""))
+    return [found or program, *rest]
 
 
 # --- per-rank set-up (runs in each rank before the user's command) ---------
