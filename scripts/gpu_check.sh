@@ -33,7 +33,8 @@
 #   lm              examples/train_lm.py --size gpu, 100 steps of allreduce, float32
 #                   then bfloat16 (tokens/s, MFU)
 #   overlap         benchmarks/bench_overlap.py on the CPU cores: how much of an
-#                   exchange start/wait hides behind the backward pass
+#                   exchange start/wait and one step hide behind the backward pass
+#                   (every rank computing; rank 0 only; then a peer 30 ms late)
 #   training        windows, the digits demo and optax on GPU arrays, host-staged,
 #                   each test at its smallest rank count (last: the longest; one
 #                   optax test alone took 93 s on the H200, so its budget ends it)
@@ -99,14 +100,14 @@ say() {
 # overlap 24; training never ran whole. The default stages' budgets sum to 420.
 budget_of() {
   case $1 in
-    build) echo 40 ;;
-    gpu-tests) echo 35 ;;
+    build) echo 35 ;;
+    gpu-tests) echo 30 ;;
     exit) echo 20 ;;
     mpi-suite) echo 85 ;;
     bench-exchange) echo 55 ;;
     bench-sim) echo 40 ;;
     lm) echo 60 ;;
-    overlap) echo 30 ;;
+    overlap) echo 40 ;;
     training) echo 55 ;;
     probe | mpi) echo 60 ;;
     staged | nccl) echo 60 ;;
@@ -334,7 +335,10 @@ stage_overlap() {
   step overlap 120 env JAX_PLATFORMS=cpu "$PY" -m jaxfog.cli run -np 2 "$PY" \
     benchmarks/bench_overlap.py --both --label "cpu_both_$(device_tag)" &&
     step overlap-peer 90 env JAX_PLATFORMS=cpu "$PY" -m jaxfog.cli run -np 2 "$PY" \
-      benchmarks/bench_overlap.py --label "cpu_peer_$(device_tag)" || return
+      benchmarks/bench_overlap.py --label "cpu_peer_$(device_tag)" &&
+    step overlap-late 60 env JAX_PLATFORMS=cpu "$PY" -m jaxfog.cli run -np 2 "$PY" \
+      benchmarks/bench_overlap.py --late 0.03 --repeats 7 --label "cpu_late_$(device_tag)" ||
+    return
   [ "$PLAN" = 1 ] || cat benchmarks/results/overlap_cpu_*_"$(device_tag)".md >>"$LOG"
 }
 
