@@ -150,7 +150,7 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_set_staging_keep_bytes.argtypes = [ctypes.c_int64]
     lib.jaxfog_set_staging_keep_bytes.restype = None
     lib.jaxfog_async_min_bytes.restype = ctypes.c_int64
-    lib.jaxfog_handle_done.argtypes = [ctypes.c_double]
+    lib.jaxfog_handle_done.argtypes = [ctypes.c_float]  # the ticket's float32
     lib.jaxfog_handle_done.restype = ctypes.c_int
     lib.jaxfog_handles_discard.argtypes = [ctypes.c_char_p, ctypes.c_int64]
     lib.jaxfog_handles_discard.restype = ctypes.c_int

@@ -256,8 +256,8 @@ extern "C" XLA_FFI_Error* jaxfog_wait_staged(XLA_FFI_CallFrame* frame) {
 }
 
 // Whether the op of `ticket` has finished: 1 yes, 0 not yet, -1 not pending.
-extern "C" int jaxfog_handle_done(double ticket) {
-  if (!(ticket >= 1 && ticket < double(jaxfog::kTicketLimit))) return -1;
+extern "C" int jaxfog_handle_done(float ticket) {
+  if (!(ticket >= 1 && ticket < float(jaxfog::kTicketLimit))) return -1;
   auto pending = jaxfog::Handles::Global().Find(static_cast<uint32_t>(ticket));
   if (!pending) return -1;
   return pending->Outcome().has_value() ? 1 : 0;

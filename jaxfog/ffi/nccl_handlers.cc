@@ -70,16 +70,9 @@ void Trace(timeline::Span& span, int64_t comm_id, const NcclTransport& nccl, int
 // without, all of in[l] goes to every send rank. `op` is the op the exchange
 // serves (neighbor_allreduce, neighbor_allgather or its transpose), which
 // headers, comm_stats, the timeline and errors name.
-ffi::Error Exchange(int64_t comm_id, int64_t signature, std::string_view layout,
-                    I64s send_ranks, I64s recv_ranks, bool stacked, int64_t op_code, ffi::Token,
-                    ffi::RemainingArgs args, ffi::Result<ffi::Token>, ffi::RemainingRets rets,
-                    cudaStream_t stream) {
-  const auto op = static_cast<OpCode>(op_code);
-  if (op != OpCode::kNeighborAllreduce && op != OpCode::kNeighborAllgather &&
-      op != OpCode::kNeighborReduceScatter) {
-    return ffi::Error::InvalidArgument("jaxfog NCCL exchange: op " + std::to_string(op_code) +
-                                       " is not a neighbour op");
-  }
+ffi::Error ExchangeAs(OpCode op, int64_t comm_id, int64_t signature, std::string_view layout,
+                      I64s send_ranks, I64s recv_ranks, bool stacked, ffi::RemainingArgs args,
+                      ffi::RemainingRets rets, cudaStream_t stream) {
   JAXFOG_ASSIGN_OR_FAIL(call, Decode(comm_id, OpName(op), args, rets));
   const size_t n_send = send_ranks.size(), n_recv = recv_ranks.size();
   std::vector<SendSpec> sends;
@@ -108,6 +101,25 @@ ffi::Error Exchange(int64_t comm_id, int64_t signature, std::string_view layout,
   Trace(span, comm_id, *call.transport, signature, message);
   if (span) span.args().Peers(send_ranks, recv_ranks);
   return call.transport->Exchange(Info(op, signature, layout), sends, recvs, stream);
+}
+
+// The exchange's handler: an exception names the op it served (Guard names one op).
+ffi::Error Exchange(int64_t comm_id, int64_t signature, std::string_view layout,
+                    I64s send_ranks, I64s recv_ranks, bool stacked, int64_t op_code, ffi::Token,
+                    ffi::RemainingArgs args, ffi::Result<ffi::Token>, ffi::RemainingRets rets,
+                    cudaStream_t stream) noexcept {
+  const auto op = static_cast<OpCode>(op_code);
+  if (op != OpCode::kNeighborAllreduce && op != OpCode::kNeighborAllgather &&
+      op != OpCode::kNeighborReduceScatter) {
+    return ffi::Error::InvalidArgument("jaxfog NCCL exchange: op " + std::to_string(op_code) +
+                                       " is not a neighbour op");
+  }
+  try {
+    return ExchangeAs(op, comm_id, signature, layout, send_ranks, recv_ranks, stacked,
+                      std::move(args), std::move(rets), stream);
+  } catch (...) {
+    return CurrentException(std::string("jaxfog ") + OpName(op));
+  }
 }
 
 std::vector<NcclBuffer> Buffers(const NcclCall& call) {
@@ -163,8 +175,7 @@ auto Pytree(Binding binding) {
 }  // namespace
 
 #pragma GCC visibility push(default)
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_nccl_exchange,
-                              (Guard<OpCode::kNeighborAllgather, &Exchange>::Run),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxfog_nccl_exchange, Exchange,
                               Pytree(Keyed()
                                          .Attr<I64s>("send_ranks")
                                          .Attr<I64s>("recv_ranks")
