@@ -38,7 +38,8 @@ from jax.interpreters import ad, batching, mlir
 
 from jaxfog import ffi, runtime
 from jaxfog.errors import HandleError
-from jaxfog.ops._primitive import ATTRIBUTES, comm_effect, lower_comm_call
+from jaxfog.ops._primitive import (ATTRIBUTES, comm_effect, differentiable, lower_comm_call,
+                                   not_differentiable)
 from jaxfog.ops._primitives import ADJOINTS
 from jaxfog.ops import _jax_compat
 
@@ -51,10 +52,6 @@ _TICKET = core.ShapedArray((), np.float32)
 def start_target(prim: jex_core.Primitive) -> str:
     """The start form of ``prim``'s custom call."""
     return prim.name + "_start"
-
-
-def _differentiable(aval) -> bool:
-    return jnp.issubdtype(aval.dtype, jnp.inexact)
 
 
 def _results(prim, static_avals, avals, params: tuple) -> list:
@@ -91,21 +88,19 @@ def _tangent_operands(xs, tangents) -> list:
     """The tangents as the op's operands: symbolic zeros (and the float0
     tangents of integer leaves) made zeros of the operand's dtype, so that the
     tangent message has the primal's layout and the same wait takes it."""
-    return [jnp.zeros(x.shape, x.dtype) if type(t) is ad.Zero or not _differentiable(
+    return [jnp.zeros(x.shape, x.dtype) if type(t) is ad.Zero or not differentiable(
         jax.typeof(x)) else t for x, t in zip(xs, tangents)]
 
 
 def _start_jvp(primals, tangents, *, op, params, n_static):
     ticket = start_p.bind(*primals, op=op, params=params, n_static=n_static)
     static, xs = primals[:n_static], primals[n_static:]
-    live = [type(t) is not ad.Zero and _differentiable(jax.typeof(x))
+    live = [type(t) is not ad.Zero and differentiable(jax.typeof(x))
             for x, t in zip(xs, tangents[n_static:])]
     if not any(live):
         return ticket, ad.Zero(_TICKET)
     if op not in ADJOINTS:
-        raise TypeError(f"jaxfog.{op.name.removeprefix('jaxfog_')} is not differentiable: "
-                        "it writes into other ranks' windows, a side effect with no "
-                        "tangent; differentiate the local computation around it")
+        raise not_differentiable(op)
     tangent = start_p.bind(*static, *_tangent_operands(xs, tangents[n_static:]), op=op,
                            params=params, n_static=n_static)
     return ticket, tangent
@@ -119,7 +114,7 @@ def _start_transpose(ct, *operands, op, params, n_static):
     adjoint = ADJOINTS[op](static, dict(params), avals)
     results = _results(op, [jax.typeof(s) for s in static], avals, params)
     outs = adjoint.post(wait(ct, adjoint.static, adjoint.prim, adjoint.params, results))
-    return [None] * n_static + [o if _differentiable(a) else ad.Zero(a)
+    return [None] * n_static + [o if differentiable(a) else ad.Zero(a)
                                 for o, a in zip(outs, avals)]
 
 
@@ -152,7 +147,7 @@ def _wait_jvp(primals, tangents, *, op, params, avals):
     if type(tangents[0]) is ad.Zero:
         return outs, zeros
     moved = wait_p.bind(tangents[0], *primals[1:], op=op, params=params, avals=avals)
-    return outs, [m if _differentiable(jax.typeof(o)) else z
+    return outs, [m if differentiable(jax.typeof(o)) else z
                   for m, o, z in zip(moved, outs, zeros)]
 
 
@@ -160,7 +155,7 @@ def _wait_transpose(cts, ticket, *static, op, params, avals):
     if all(type(ct) is ad.Zero for ct in cts):
         return [ad.Zero(_TICKET)] + [None] * len(static)
     results = _results(op, [jax.typeof(s) for s in static], avals, params)
-    cts = [jnp.zeros(r.shape, r.dtype) if type(ct) is ad.Zero or not _differentiable(r)
+    cts = [jnp.zeros(r.shape, r.dtype) if type(ct) is ad.Zero or not differentiable(r)
            else ct for ct, r in zip(cts, results)]
     adjoint = ADJOINTS[op](static, dict(params), list(avals))
     return [start(adjoint.prim, [*adjoint.static, *cts], adjoint.params,

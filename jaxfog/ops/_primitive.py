@@ -197,8 +197,16 @@ def message(op: str, avals: Sequence[Any]) -> dict[str, Any]:
     return {"signature": signature(op, avals), "layout": layout(avals)}
 
 
-def _differentiable(aval) -> bool:
+def differentiable(aval) -> bool:
+    """Whether values of ``aval`` carry tangents (floating or complex)."""
     return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def not_differentiable(prim: Any) -> TypeError:
+    """The error of differentiating a window op (``prim``'s name in it)."""
+    return TypeError(f"jaxfog.{prim.name.removeprefix('jaxfog_')} is not differentiable: "
+                     "it writes into other ranks' windows, a side effect with no "
+                     "tangent; differentiate the local computation around it")
 
 
 def linear_jvp(prim, n_static: int):
@@ -209,7 +217,7 @@ def linear_jvp(prim, n_static: int):
         static, xs = primals[:n_static], primals[n_static:]
         outs = prim.bind(*static, *xs, **params)
         live = [i for i, t in enumerate(tangents[n_static:])
-                if type(t) is not ad.Zero and _differentiable(jax.typeof(xs[i]))]
+                if type(t) is not ad.Zero and differentiable(jax.typeof(xs[i]))]
         tangent_outs = [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
         if live:
             moved = prim.bind(*static, *(tangents[n_static + i] for i in live), **params)

@@ -33,7 +33,7 @@ from jaxfog.ops import _nccl, _plan
 from jaxfog.ops.jit import jit
 from jaxfog.ops._primitive import (GENERIC_LOWERINGS, comm_effect, define, linear_jvp,
                                    linear_transpose, lower_comm_call, message,
-                                   register_lowering, target)
+                                   not_differentiable, register_lowering, target)
 
 
 class Adjoint(NamedTuple):
@@ -322,9 +322,7 @@ def _window_attributes(avals_in, **params) -> dict:
 
 def _not_differentiable(prim):
     def jvp(primals, tangents, **params):
-        raise TypeError(f"jaxfog.{prim.name.removeprefix('jaxfog_')} is not differentiable: "
-                        "it writes into other ranks' windows, a side effect with no "
-                        "tangent; differentiate the local computation around it")
+        raise not_differentiable(prim)
 
     return jvp
 
