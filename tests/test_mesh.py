@@ -18,16 +18,10 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import jaxfog as jf
 import jaxfog.topology as T
 
-pytestmark = pytest.mark.jax_internals
+pytestmark = [pytest.mark.jax_internals, pytest.mark.usefixtures("x64")]
 
 N = 4
 W = T.ring(N).weights
-
-
-@pytest.fixture(autouse=True)
-def x64():
-    with jax.enable_x64(True):
-        yield
 
 
 def _mesh(kind):

@@ -16,13 +16,7 @@ import jaxfog.optax as jfo
 import jaxfog.topology as T
 import optax_cases as oc
 
-pytestmark = pytest.mark.jax_internals
-
-
-@pytest.fixture(autouse=True)
-def x64():
-    with jax.enable_x64(True):
-        yield
+pytestmark = [pytest.mark.jax_internals, pytest.mark.usefixtures("x64")]
 
 
 def run(optimizer, topology, problem: oc.Problem, steps: int):

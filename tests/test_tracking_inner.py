@@ -16,15 +16,9 @@ import jaxfog.optax as jfo
 import jaxfog.topology as T
 import optax_cases as oc
 
-pytestmark = pytest.mark.jax_internals
+pytestmark = [pytest.mark.jax_internals, pytest.mark.usefixtures("x64")]
 
 N = 4
-
-
-@pytest.fixture(autouse=True)
-def x64():
-    with jax.enable_x64(True):
-        yield
 
 
 @pytest.fixture(scope="module")
