@@ -116,11 +116,9 @@ def _restore(directory: str, rank: int, step: int, elements: int) -> np.ndarray:
         return np.asarray(manager.restore(step, args=ocp.args.StandardRestore(like))["x"])
 
 
-@pytest.mark.parametrize("fault", ["link down", "ranks killed"])
-def test_a_fault_during_an_exchange_fails_every_rank_in_seconds(netns_cluster_factory,
-                                                                tmp_path, fault):
-    """4 hosts in a ring exchanging; host 3's cable is pulled (or its rank
-    process SIGKILLed, as by the OOM killer; hydra's proxy stays). Every rank whose output can reach the launcher fails within the
+def test_a_link_pulled_during_an_exchange_fails_every_rank_in_seconds(netns_cluster_factory,
+                                                                     tmp_path):
+    """4 hosts in a ring exchanging; host 3's cable is pulled at the switch. Every rank whose output can reach the launcher fails within the
     timeout naming the op and the peer it waited for, no rank process outlives
     the bound, and the checkpoints saved before the fault load."""
     import threading
@@ -132,8 +130,7 @@ def test_a_fault_during_an_exchange_fails_every_rank_in_seconds(netns_cluster_fa
     cluster = netns_cluster_factory(n)
     script = os.path.join(os.path.dirname(__file__), "cluster_fault_rank.py")
     command = run_command_args(cluster, n, [sys.executable, script, str(tmp_path),
-                                               str(FAULT_ELEMENTS)],
-                               mpi_args=["-disable-auto-cleanup"] * (fault == "ranks killed"))
+                                               str(FAULT_ELEMENTS)])
     env = cluster.environment(launch_environment({"JAXFOG_TIMEOUT": str(FAULT_TIMEOUT)}))
     done = {}
     launch_thread = threading.Thread(
@@ -143,23 +140,20 @@ def test_a_fault_during_an_exchange_fails_every_rank_in_seconds(netns_cluster_fa
             (tmp_path / f"ready.{r}").exists() for r in range(n)):
         time.sleep(0.1)
     time.sleep(0.5)  # well inside the exchanges
-    if fault == "link down":
-        cluster.link(3, up=False)
-    else:
-        for pid in _rank_processes(cluster, 3):
-            os.kill(pid, 9)
+    cluster.link(3, up=False)
     faulted = time.monotonic()
     while time.monotonic() - faulted < 2 * FAULT_TIMEOUT + FAULT_SLACK and any(
             cluster.pids(i) and _rank_processes(cluster, i) for i in range(n - 1)):
         time.sleep(0.5)
     lingering = {i: _rank_processes(cluster, i) for i in range(n - 1)}
+    launch_thread.join(timeout=5)  # the ranks' last lines on their way to mpiexec
     cluster.close()  # ends what still runs (the launcher may wait for the lost host)
     launch_thread.join()
     output = done["result"].output
     assert not any(lingering.values()), f"rank processes still running: {lingering}\n{output}"
     for r in range(n - 1):
         line = next((s for s in output.splitlines() if s.startswith(f"RANK {r} ")), None)
-        assert line is not None and "FAILED" in line, (r, output)
+        assert line is not None and "FAILED" in line, f"rank {r}:\n{output}"
         waited = float(line.split(" after ")[1].split(" s")[0])
         assert waited < FAULT_TIMEOUT + FAULT_SLACK, line
         # Ranks 0 and 2 wait for rank 3; rank 1 for 0 and 2, which failed first.
