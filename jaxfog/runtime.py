@@ -364,6 +364,8 @@ def _shutdown(at_exit: bool) -> None:
         warnings.warn(f"jaxfog.shutdown: {error}", RuntimeWarning)
     state, _state = _state, None
     _release(lib, state.comms, state.python_comm, state.peers_comm)
+    if at_exit:  # MPI_Finalize comes next, and never ends if a peer became unreachable
+        lib.jaxfog_bound_exit(state.timeout)
 
 
 def _release(lib, comms: dict, python_comm, peers_comm) -> None:

@@ -114,6 +114,7 @@ def info_lines() -> list[str]:
             f"MPI library: {version[0] if version else '?'}",
             f"MPI thread level: {levels.get(lib.jaxfog_mpi_query_thread(), '?')}",
             f"one-sided windows: {one_sided_component()}",
+            hosts_line(),
             f"mpi4py {MPI.get_vendor()[0]} {'.'.join(map(str, MPI.get_vendor()[1]))} "
             f"(mpi4py {__import__('mpi4py').__version__})",
             f"FFI library: {ffi.LIBRARY_PATH}",
@@ -133,6 +134,30 @@ def info_lines() -> list[str]:
     except ImportError as err:
         lines.append(f"FFI library: NOT USABLE: {err}")
     return lines
+
+
+def hosts_line() -> str:
+    """The hosts of this job and which ranks each runs, from every rank's
+    ``MPI_Get_processor_name`` (collective, like the window probe)."""
+    from mpi4py import MPI
+
+    ranks: dict[str, list[int]] = {}
+    for rank, name in enumerate(MPI.COMM_WORLD.allgather(MPI.Get_processor_name())):
+        ranks.setdefault(name, []).append(rank)
+    hosts = ", ".join(f"{name} (rank{'s' * (len(r) > 1)} {_spans(r)})"
+                      for name, r in ranks.items())
+    return f"hosts: {len(ranks)}: {hosts}"
+
+
+def _spans(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def one_sided_component() -> str:

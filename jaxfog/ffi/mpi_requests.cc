@@ -169,6 +169,7 @@ ffi::Error RequestSet::WaitAll(const WaitScope& scope, const std::string& what,
     const Clock::time_point now = Clock::now();
     const double waited = std::chrono::duration<double>(now - start).count();
     if (timeout_seconds > 0 && waited > timeout_seconds) {
+      NoteCommFailure();
       return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
                         what + " timed out after " + Seconds(timeout_seconds) +
                             " s (JAXFOG_TIMEOUT) waiting for " + Waiting() +
@@ -177,7 +178,10 @@ ffi::Error RequestSet::WaitAll(const WaitScope& scope, const std::string& what,
     }
     if (scope.watch != nullptr && waited > kWatchAfterSeconds && now >= next_check) {
       next_check = now + kWatchEvery;
-      JAXFOG_RETURN_IF_ERROR(CheckDepartures(scope, what, start));
+      if (ffi::Error left = CheckDepartures(scope, what, start); !left.success()) {
+        NoteCommFailure();
+        return left;
+      }
       const double warn_after = scope.watch->warn_after_seconds();
       if (!warned && warn_after > 0 && waited > warn_after) {
         warned = true;  // once per wait: a stuck rank says where it is stuck

@@ -10,6 +10,7 @@
 
 #include "dtype.h"
 #include "mpi_status.h"
+#include "peer_watch.h"
 
 namespace jaxfog {
 
@@ -238,6 +239,7 @@ ffi::Error MpiWindow::Acquire(std::vector<int> ranks) {
       if (timeout_seconds_ > 0 &&
           std::chrono::duration<double>(Clock::now() - start).count() > timeout_seconds_) {
         Release(taken);
+        NoteCommFailure();
         return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
                           "jaxfog win_mutex: rank " + std::to_string(rank_) +
                               " waited more than " + std::to_string(timeout_seconds_) +

@@ -1,6 +1,7 @@
 #include "peer_watch.h"
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -194,5 +195,12 @@ ffi::Error PeerWatch::Stop() {
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Wait(&receive_, MPI_STATUS_IGNORE), "peer watch: MPI_Wait");
   return ffi::Error::Success();
 }
+
+namespace {
+std::atomic<bool> comm_failed{false};
+}  // namespace
+
+void NoteCommFailure() { comm_failed.store(true); }
+bool CommFailed() { return comm_failed.load(); }
 
 }  // namespace jaxfog

@@ -137,6 +137,13 @@ class PeerWatch {
   std::deque<std::pair<int64_t, Progress>> progress_;  // a deque: stable addresses
 };
 
+// Whether an op of this process failed waiting for a peer (a timeout, a
+// departure): then MPI_Finalize may wait forever (MPICH's ends with a barrier
+// through the launcher, which a host cut off never joins), so the exit is
+// bounded (jaxfog_bound_exit).
+void NoteCommFailure();
+bool CommFailed();
+
 }  // namespace jaxfog
 
 #endif  // JAXFOG_FFI_PEER_WATCH_H_
