@@ -12,6 +12,8 @@ import pytest
 
 import jaxfog.compress as C
 
+pytestmark = pytest.mark.numerical
+
 jax.config.update("jax_enable_x64", True)
 
 KEYS = 4000

@@ -15,7 +15,7 @@ import jaxfog.optax as jfo
 import jaxfog.topology as T
 from optax_cases import least_squares, train
 
-pytestmark = pytest.mark.jax_internals
+pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical]
 
 N, STEPS = 4, 25
 

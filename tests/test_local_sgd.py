@@ -18,7 +18,7 @@ import jaxfog.topology as T
 import optax_cases as oc
 from mpi_harness import mpi_test
 
-pytestmark = [pytest.mark.jax_internals, pytest.mark.usefixtures("x64")]
+pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical, pytest.mark.usefixtures("x64")]
 
 N = 4
 

@@ -11,7 +11,7 @@ import jaxfog as jf
 import jaxfog.topology as T
 from cases import cases
 
-pytestmark = [pytest.mark.jax_internals, pytest.mark.usefixtures("x64")]
+pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical, pytest.mark.usefixtures("x64")]
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8])

@@ -20,7 +20,7 @@ import jaxfog.topology as T
 import optax_cases as oc
 from mpi_harness import mpi_test
 
-pytestmark = [pytest.mark.jax_internals, pytest.mark.usefixtures("x64")]
+pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical, pytest.mark.usefixtures("x64")]
 
 N = 4
 #: The parameters, a vector of 11, as a tuple of three leaves of 4, 2 and 5 entries.

@@ -16,7 +16,7 @@ import jaxfog.optax as jfo
 import jaxfog.topology as T
 import optax_cases as oc
 
-pytestmark = [pytest.mark.jax_internals, pytest.mark.usefixtures("x64")]
+pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical, pytest.mark.usefixtures("x64")]
 
 N = 4
 
