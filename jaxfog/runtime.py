@@ -108,15 +108,30 @@ class _State:
 
 
 _state: _State | None = None
-# Called by shutdown() before anything is released (registered by the ops
-# layer: wait for dispatched computations that still communicate).
-_before_shutdown: list[Callable[[], None]] = []
-# Called by shutdown() after this rank said goodbye (every op of its has
-# finished by then), before the communicators are released: collective
-# clean-up that is no op, such as freeing windows. Were it before the goodbye,
-# a rank blocked there by a peer stuck in an op waiting for it would leave
-# that peer to wait until JAXFOG_TIMEOUT.
-_before_release: list[Callable[[], None]] = []
+# What shutdown() runs, stage by stage in this order, each hook even if an
+# earlier one failed (registered by the layers above with on_shutdown):
+# "fence": wait for dispatched computations that still communicate;
+# "discard": forget the nonblocking ops never waited for (after the fence);
+# "release": collective clean-up that is no op, such as freeing windows, after
+# this rank said goodbye (every op of its has finished by then) and before the
+# communicators are released. Were it before the goodbye, a rank blocked there by
+# a peer stuck in an op waiting for it would leave that peer to wait until
+# JAXFOG_TIMEOUT.
+_SHUTDOWN_STAGES = ("fence", "discard", "release")
+_shutdown_hooks: dict[str, list[Callable[[], None]]] = {stage: [] for stage in _SHUTDOWN_STAGES}
+
+
+def on_shutdown(stage: str, hook: Callable[[], None]) -> None:
+    """Runs ``hook`` at :func:`shutdown`'s ``stage`` (see ``_SHUTDOWN_STAGES``)."""
+    _shutdown_hooks[stage].append(hook)
+
+
+def _run_shutdown_hooks(stage: str) -> None:
+    for hook in _shutdown_hooks[stage]:
+        try:
+            hook()
+        except Exception as error:  # e.g. a peer died: the next hooks and the release run
+            warnings.warn(f"jaxfog.shutdown ({stage}): {error}", RuntimeWarning)
 # Bumped whenever a topology changes; the ops layer registers a listener
 # that keys JAX's jit caches on it (see jaxfog.ops._primitive).
 _topology_generation = 0
@@ -347,21 +362,13 @@ def _shutdown(at_exit: bool) -> None:
     global _state
     if _state is None:
         return
-    try:
-        for hook in _before_shutdown:
-            hook()
-    except Exception as error:  # e.g. a peer died: release anyway
-        warnings.warn(f"jaxfog.shutdown: pending communication failed: {error}",
-                      RuntimeWarning)
+    _run_shutdown_hooks("fence")
+    _run_shutdown_hooks("discard")
     lib = ffi.library()
     reason = ctypes.create_string_buffer(1024)
     if lib.jaxfog_say_goodbye(int(at_exit), reason, 1024):
         warnings.warn(f"jaxfog.shutdown: {reason.value.decode()}", RuntimeWarning)
-    try:
-        for hook in _before_release:
-            hook()
-    except Exception as error:  # release anyway
-        warnings.warn(f"jaxfog.shutdown: {error}", RuntimeWarning)
+    _run_shutdown_hooks("release")
     state, _state = _state, None
     _release(lib, state.comms, state.python_comm, state.peers_comm)
     if at_exit:  # MPI_Finalize comes next, and never ends if a peer became unreachable

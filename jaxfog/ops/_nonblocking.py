@@ -266,4 +266,4 @@ def _discard_pending() -> None:
                       "jaxfog.wait on every handle", RuntimeWarning)
 
 
-runtime._before_shutdown.append(_discard_pending)
+runtime.on_shutdown("discard", _discard_pending)

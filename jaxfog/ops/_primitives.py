@@ -303,7 +303,7 @@ def wait_for_dispatched() -> None:
         _fence()().block_until_ready()
 
 
-runtime._before_shutdown.append(wait_for_dispatched)
+runtime.on_shutdown("fence", wait_for_dispatched)
 
 
 # --- one-sided windows --------------------------------------------------------

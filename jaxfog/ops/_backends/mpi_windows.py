@@ -148,7 +148,7 @@ def _free_at_shutdown() -> None:
         win_free(None)
 
 
-runtime._before_release.append(_free_at_shutdown)
+runtime.on_shutdown("release", _free_at_shutdown)
 
 
 def _named(peers: _args.Peers | None, default: np.ndarray, what: str,
