@@ -33,7 +33,7 @@
 
 #include "call.h"
 #include "comm_thread.h"
-#include "deferred.h"
+#include "nonblocking.h"
 #include "ops.h"
 #include "registry.h"
 #include "scratch.h"
@@ -198,7 +198,7 @@ struct CudaStaged<op, R (*)(Args...)> {
 // jaxfog_<name>, CallStaged as jaxfog_<name>_staged (CUDA buffers, staged
 // through the host), CallHostStaged as jaxfog_<name>_host_staged (CPU
 // buffers through the staged path, for the tests), and the nonblocking start
-// forms (deferred.h) CallStart as jaxfog_<name>_start (CPU buffers) and
+// forms (nonblocking.h) CallStart as jaxfog_<name>_start (CPU buffers) and
 // CallStartStaged as jaxfog_<name>_start_staged (CUDA). Declared here for every
 // op of the table; defined with JAXFOG_DEFINE_EXPORTS(Camel) in the .cc that
 // specialises the op's Handler, so that an op of the table without its

@@ -2,7 +2,7 @@
 // jaxfog_<name>, its host-staged forms jaxfog_<name>_staged (CUDA buffers)
 // and jaxfog_<name>_host_staged (CPU buffers, for tests of the staged path),
 // and its nonblocking starts jaxfog_<name>_start (CPU) and
-// jaxfog_<name>_start_staged (CUDA; deferred.h). Each forwards to the op's Exports (handler.h), defined where
+// jaxfog_<name>_start_staged (CUDA; nonblocking.h). Each forwards to the op's Exports (handler.h), defined where
 // its Handler is: an op of the table without them does not link.
 #include "handler.h"
 #include "ops.h"

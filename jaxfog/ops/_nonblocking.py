@@ -1,7 +1,7 @@
 """The MPI backend's nonblocking ops: a start primitive and a wait primitive.
 
 ``start_p`` runs one of the FFI primitives (``jaxfog.ops._primitives``) as
-its C++ start form, ``jaxfog_<op>_start`` (``jaxfog/ffi/deferred.h``): the
+its C++ start form, ``jaxfog_<op>_start`` (``jaxfog/ffi/nonblocking.h``): the
 inputs are copied before the call returns, the messages move on the
 communication thread in program order, and the call returns a *ticket*.
 ``wait_p`` takes the ticket and returns the op's results. Both carry the
@@ -43,7 +43,7 @@ from jaxfog.ops._primitive import (ATTRIBUTES, comm_effect, differentiable, lowe
 from jaxfog.ops._primitives import ADJOINTS
 from jaxfog.ops import _jax_compat
 
-#: The custom-call target of every wait (``jaxfog/ffi/deferred.cc``).
+#: The custom-call target of every wait (``jaxfog/ffi/nonblocking.cc``).
 WAIT_TARGET = "jaxfog_wait"
 
 _TICKET = core.ShapedArray((), np.float32)
@@ -202,7 +202,7 @@ class Call(NamedTuple):
         return outs if self.post is None else self.post(outs, self.kept)
 
 
-class Started(NamedTuple):
+class StartedCall(NamedTuple):
     """What waiting for a started :class:`Call` needs besides its arrays
     (``[ticket, *static operands, *kept]``); hashable."""
 
@@ -214,17 +214,17 @@ class Started(NamedTuple):
     n_kept: int
 
 
-def start_call(call: Call) -> tuple[list, Started]:
+def start_call(call: Call) -> tuple[list, StartedCall]:
     """Starts ``call``: the arrays its handle holds and how to finish it."""
     ticket = start(call.prim, call.operands, call.params, call.n_static)
     static, data = call.operands[:call.n_static], call.operands[call.n_static:]
     avals = tuple(core.ShapedArray(jnp.shape(x), jnp.result_type(x)) for x in data)
     return ([ticket, *static, *call.kept],
-            Started(call.prim, tuple(sorted(call.params.items())), avals, call.n_static,
+            StartedCall(call.prim, tuple(sorted(call.params.items())), avals, call.n_static,
                     call.post, len(call.kept)))
 
 
-def wait_call(arrays: list, started: Started) -> list:
+def wait_call(arrays: list, started: StartedCall) -> list:
     """The results of the call started as ``arrays`` (from :func:`start_call`)."""
     ticket, rest = arrays[0], list(arrays[1:])
     if not isinstance(ticket, jax.core.Tracer):
@@ -237,7 +237,7 @@ def wait_call(arrays: list, started: Started) -> list:
 
 
 
-def poll_call(arrays: list, started: Started) -> bool:
+def poll_call(arrays: list, started: StartedCall) -> bool:
     """Whether the call started as ``arrays`` has finished (its ticket concrete)."""
     if isinstance(arrays[0], jax.core.Tracer):
         raise TypeError("jaxfog.poll reads a handle's ticket: call it outside jit")

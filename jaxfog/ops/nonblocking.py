@@ -49,7 +49,8 @@ class Handle:
 
     def __init__(self, arrays: Sequence[Any], spec: Any):
         self.arrays = tuple(arrays)
-        self.spec = spec  # (op, the backend's Started, the result's treedef)
+        # (op, the backend's record of the start, the result's treedef)
+        self.spec = spec
         self.waited = False
 
     @property

@@ -242,7 +242,7 @@ def _source_table(sim: _context.Simulation, src_ranks: Any) -> np.ndarray:
     return table
 
 
-class Started(NamedTuple):
+class SimulatedStart(NamedTuple):
     """A nonblocking op's results are its arrays: the first ``n`` (then, with
     delays, the time its last message arrives)."""
 
@@ -258,18 +258,18 @@ class SimulatedBackend:
 
     # A nonblocking op is computed at its start and held back until its wait,
     # where the agent's clock waits for its messages.
-    def start(self, op: str, *inputs: Any) -> tuple[list, Started]:
-        with _clock.deferred() as arrivals:
+    def start(self, op: str, *inputs: Any) -> tuple[list, SimulatedStart]:
+        with _clock.recording_arrivals() as arrivals:
             outs = getattr(self, op)(*inputs)
         outs = [True] if outs is True else list(outs)  # a get: True
         if not arrivals:
-            return outs, Started(len(outs), False)
-        return [*outs, functools.reduce(jnp.maximum, arrivals)], Started(len(outs), True)
+            return outs, SimulatedStart(len(outs), False)
+        return [*outs, functools.reduce(jnp.maximum, arrivals)], SimulatedStart(len(outs), True)
 
-    def poll(self, arrays: list, started: Started) -> bool:
+    def poll(self, arrays: list, started: SimulatedStart) -> bool:
         return True  # the result is held in the handle
 
-    def wait(self, arrays: list, started: Started) -> list:
+    def wait(self, arrays: list, started: SimulatedStart) -> list:
         if started.timed:
             _clock.arrive(arrays[started.n])
         return list(arrays[:started.n])

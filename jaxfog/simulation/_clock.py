@@ -225,20 +225,20 @@ def arrival(dst: Any) -> Any:
 
 # While a nonblocking op starts, the arrival times its synchronous parts
 # record instead of waiting for them (innermost last).
-_deferred: list[list[Any]] = []
+_recording: list[list[Any]] = []
 
 
 @contextlib.contextmanager
-def deferred() -> Iterator[list[Any]]:
+def recording_arrivals() -> Iterator[list[Any]]:
     """Inside, a synchronous op does not wait: it appends the time its last
     message arrives at this agent to the list yielded (a nonblocking op's
     start; its wait calls :func:`arrive`)."""
     arrivals: list[Any] = []
-    _deferred.append(arrivals)
+    _recording.append(arrivals)
     try:
         yield arrivals
     finally:
-        _deferred.pop()
+        _recording.pop()
 
 
 def arrive(at: Any) -> None:
@@ -259,7 +259,7 @@ def synchronize(receives: np.ndarray | None = None) -> None:
     clocks = sim.all_gather(now())
     incoming = clocks + jnp.asarray(t.message)[:, sim.rank]
     latest = jnp.max(jnp.where(jnp.asarray(receives)[sim.rank], incoming, -jnp.inf))
-    if _deferred:
-        _deferred[-1].append(latest)
+    if _recording:
+        _recording[-1].append(latest)
     else:
         arrive(latest)

@@ -18,7 +18,7 @@ from jaxfog import ffi, runtime
 from jaxfog.errors import JaxfogTimeoutError
 from jaxfog import topology as T
 from jaxfog.ops import _args, _nonblocking, _plan
-from jaxfog.ops._nonblocking import Call, Started
+from jaxfog.ops._nonblocking import Call, StartedCall
 from jaxfog.ops import _primitives as P
 from jaxfog.ops._backends import mpi_windows
 
@@ -224,7 +224,7 @@ class MpiBackend:
                     {"size": runtime.size(), "comm_id": runtime.WORLD_COMM_ID})
 
     # Nonblocking ops: each op's Call started, and finished at the wait.
-    def start(self, op: str, *inputs: Any) -> tuple[list, Started]:
+    def start(self, op: str, *inputs: Any) -> tuple[list, StartedCall]:
         build = getattr(self, "_" + op, None)
         if build is None:
             raise NotImplementedError(f"jaxfog.{op} has no nonblocking form")

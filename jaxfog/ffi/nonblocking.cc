@@ -1,4 +1,4 @@
-#include "deferred.h"
+#include "nonblocking.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -17,8 +17,8 @@
 // The start's call frame is the op's own (attributes, token, inputs, token,
 // results) with the ticket as one more result at the end; the op's results
 // there are placeholders it never writes (its staging redirects them).
-#ifndef JAXFOG_FFI_DEFERRED_H_
-#define JAXFOG_FFI_DEFERRED_H_
+#ifndef JAXFOG_FFI_NONBLOCKING_H_
+#define JAXFOG_FFI_NONBLOCKING_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -140,4 +140,4 @@ XLA_FFI_Error* CallStartHandler(XLA_FFI_CallFrame* frame) {
 
 }  // namespace jaxfog
 
-#endif  // JAXFOG_FFI_DEFERRED_H_
+#endif  // JAXFOG_FFI_NONBLOCKING_H_
