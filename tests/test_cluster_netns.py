@@ -278,8 +278,11 @@ MODEL_ELEMENTS = 1 << 20
 def test_one_peer_gossip_beats_allreduce_where_bandwidth_is_scarce(netns_cluster_factory):
     """4 hosts on 100 Mbit/s links: an allreduce sends about 2(n-1)/n = 1.5
     models per rank, one-peer gossip one, so the exchange takes about 2/3 of
-    the time; at least 1.3x faster is asserted. The bytes are counted on the
-    hosts' interfaces."""
+    the time. The bytes are counted on the hosts' interfaces, and the speed-up
+    is asserted against their ratio: where bandwidth is the limit, time follows
+    bytes (measured 1.54x for a byte ratio of 1.49), so at least 3/4 of the
+    byte ratio (about 1.12x) leaves a wide margin for a loaded machine and
+    still fails if gossip lost its advantage (1.0x)."""
     import json
 
     n, steps = 4, 3
@@ -303,4 +306,5 @@ def test_one_peer_gossip_beats_allreduce_where_bandwidth_is_scarce(netns_cluster
     for rank_bytes in sent[0]:
         assert rank_bytes > exchanges * model * 1.4, sent
     speedup = seconds["allreduce"] / seconds["one-peer"]
-    assert speedup > 1.3, seconds
+    byte_ratio = sum(sent[0]) / sum(sent[1])
+    assert speedup > 0.75 * byte_ratio, (seconds, byte_ratio)
