@@ -191,9 +191,13 @@ class Progress:
 
 
 def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch: int,
-          seed: int, progress: bool) -> list[dict[str, Any]]:
-    """Trains one run; returns one row of metrics per epoch."""
-    model = MLP()
+          seed: int, progress: bool, hidden: int = 128, target: float | None = None,
+          wire_bytes: Callable[[], int] | None = None) -> list[dict[str, Any]]:
+    """Trains one run; returns one row of metrics per epoch. It stops after the
+    first epoch whose averaged model reaches ``target`` test accuracy (percent),
+    if given; ``wire_bytes()`` (bytes this agent's interface has sent so far)
+    adds what crossed the interface during the steps, evaluation excluded."""
+    model = MLP(hidden)
     x_test, y_test = jnp.asarray(test[0]), jnp.asarray(test[1])
     xs, ys = agents.data(lambda r: shards[r])
     length = shards[0][0].shape[0]
@@ -244,6 +248,7 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
             losses = []
             if not agents.simulated:
                 jf.comm_stats(reset=True)
+            on_wire = wire_bytes() if wire_bytes else 0
             for i in range(steps):
                 params, opt_state, loss = step(params, opt_state, xs, ys, epoch, i)
                 losses.append(loss)
@@ -252,6 +257,7 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
                 params, opt_state = agents.map(finish)(params, opt_state)
             losses = jax.block_until_ready(jnp.stack(losses, -1))
             elapsed += time.perf_counter() - start
+            on_wire = wire_bytes() - on_wire if wire_bytes else None
             if not agents.simulated:  # what went on the wire (this rank), per step
                 measured = sum(s.bytes for s in jf.comm_stats().values()) / steps
             averaged, own, distance, norm = evaluate(params)
@@ -264,7 +270,10 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
                 "agent_accuracy": [100 * float(np.min(own)), 100 * float(np.max(own))],
                 "spread": float(np.sqrt(agents.mean(distance) / agents.mean(norm))),
                 "bytes_per_step": sent, "wall_time": elapsed,
-                **({} if agents.simulated else {"measured_bytes_per_step": measured})})
+                **({} if agents.simulated else {"measured_bytes_per_step": measured}),
+                **({} if on_wire is None else {"interface_bytes_per_step": on_wire / steps})})
+            if target is not None and rows[-1]["test_accuracy"] >= target:
+                break  # the same on every agent: the averaged model's accuracy
     return rows
 
 

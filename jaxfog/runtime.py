@@ -26,6 +26,8 @@ import ctypes
 import dataclasses
 import hashlib
 import os
+import subprocess
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -45,6 +47,12 @@ NODES_PER_MACHINE_ENV = ("JAXFOG_NODES_PER_MACHINE", "BLUEFOG_NODES_PER_MACHINE"
 #: Seconds a communicating op may wait for a peer before failing; 0 disables.
 TIMEOUT_ENV = "JAXFOG_TIMEOUT"
 DEFAULT_TIMEOUT_SECONDS = 600.0
+#: Seconds ``init`` waits in MPI_Init for every rank of the job to join (a host
+#: that never starts its ranks leaves the others there); 0 disables. Its own
+#: setting, since ranks join as slowly as their launch (imports on a busy
+#: machine), which has nothing to do with how long a peer may take in an op.
+INIT_TIMEOUT_ENV = "JAXFOG_INIT_TIMEOUT"
+DEFAULT_INIT_TIMEOUT_SECONDS = 600.0
 #: Seconds after which an op still waiting says, once, on stderr, what it waits
 #: for (op, sequence number, peers); the error still comes at the timeout.
 WARN_AFTER_ENV = "JAXFOG_WARN_AFTER"
@@ -256,6 +264,49 @@ def _register(lib, comm_id: int, comm, timeout: float, max_message: int) -> None
         raise ffi.FfiLibraryError(f"jaxfog.init: {error.value.decode()}")
 
 
+#: The watchdog of ``_bounded_mpi_init``, a process of its own: MPI_Init runs
+#: inside mpi4py.MPI's module initialisation, which holds the GIL, so no Python
+#: thread of this process could act while it waits. It ends when its stdin
+#: closes (MPI_Init returned, or this process died).
+_INIT_WATCHDOG = """
+import os, select, sys
+if not select.select([0], [], [], float(sys.argv[1]))[0]:
+    os.write(2, sys.argv[3].encode())
+    os.kill(int(sys.argv[2]), 9)
+"""
+
+
+class _bounded_mpi_init:
+    """Ends this process (SIGKILL, the reason on stderr) if MPI_Init (the
+    block's import of mpi4py.MPI) has not returned after ``seconds``: it waits
+    for every rank of the job, and a rank whose host never joins never comes,
+    so without this bound the others would wait forever. The launcher knows
+    which host is missing; MPI tells a rank nothing before MPI_Init returns."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.watchdog = seconds, None
+
+    def __enter__(self) -> None:
+        if self.seconds <= 0:
+            return
+        rank = next((os.environ[v] for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK",
+                                             "SLURM_PROCID") if v in os.environ), "?")
+        size = next((os.environ[v] for v in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE",
+                                             "SLURM_NTASKS") if v in os.environ), "?")
+        message = (f"jaxfog.init (rank {rank} of {size}): MPI_Init still waits after "
+                   f"{self.seconds:g} s ({INIT_TIMEOUT_ENV}) for the other ranks of the job "
+                   "to join; one never started (its host unreachable, or its launch failed "
+                   "or hangs: see the launcher's output); ending this process\n")
+        self.watchdog = subprocess.Popen(
+            [sys.executable, "-S", "-c", _INIT_WATCHDOG, str(self.seconds), str(os.getpid()),
+             message], stdin=subprocess.PIPE)
+
+    def __exit__(self, *exc) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stdin.close()
+            self.watchdog.wait()
+
+
 def init(topology: T.Topology | Any | None = None) -> None:
     """Initialises MPI and jaxfog; collective over all ranks.
 
@@ -273,8 +324,10 @@ def init(topology: T.Topology | Any | None = None) -> None:
     import mpi4py
 
     mpi4py.rc.thread_level = "multiple"
-    lib = ffi.library()  # before mpi4py.MPI: it decides which libmpi mpi4py uses
-    from mpi4py import MPI
+    with _bounded_mpi_init(_seconds_from_env(INIT_TIMEOUT_ENV, DEFAULT_INIT_TIMEOUT_SECONDS,
+                                             "disables the bound")):
+        lib = ffi.library()  # it imports mpi4py.MPI, having chosen mpi4py's libmpi
+        from mpi4py import MPI
 
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         warnings.warn(

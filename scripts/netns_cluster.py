@@ -164,7 +164,7 @@ class Cluster:
             _ip("-n", self.switch, "link", "set", f"p{i}", "master", "br0")
             _ip("-n", self.switch, "link", "set", f"p{i}", "up")
             if self.rate:
-                self.shape(i, self.rate, change=False)
+                self.shape(i, self.rate)
         names = " ".join(f"{n}) ns={ns} ;;" for n, ns in zip(self.names, self.namespaces))
         # hydra calls it like ssh: [options] HOST COMMAND...; the command is one
         # shell line (ssh joins its words), run on HOST with HOST as hostname.
@@ -172,6 +172,9 @@ class Cluster:
 while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done
 host=$1; shift
 case "$host" in {names} *) echo "netns-ssh: unknown host $host" >&2; exit 255 ;; esac
+# A host made unreachable by never_join(): hang as ssh does while it connects
+# (inside the host's namespace, so that close() ends it).
+[ -e "{self._dir}/down.$host" ] && exec ip netns exec "$ns" sleep 86400
 exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
 """)
         self.launcher.chmod(0o755)
@@ -222,10 +225,11 @@ exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' 
 
     # --- links and faults ----------------------------------------------------
 
-    def shape(self, i: int, rate: str, *, change: bool = True) -> None:
-        """Caps host ``i``'s link at ``rate`` both ways (tbf on each veth end)."""
+    def shape(self, i: int, rate: str) -> None:
+        """Caps host ``i``'s link at ``rate`` both ways (tbf on each veth end),
+        replacing any cap it had (also while traffic flows: a trickle fault)."""
         for ns, dev in ((self.namespaces[i], "eth0"), (self.switch, f"p{i}")):
-            subprocess.run(["tc", "-n", ns, "qdisc", "change" if change else "add", "dev",
+            subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev",
                             dev, "root", "tbf", "rate", rate, "burst", "64kb", "latency",
                             "50ms"], check=True, capture_output=True, text=True)
 
@@ -233,6 +237,12 @@ exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' 
         """Plugs or unplugs host ``i``'s cable at the switch: the host still sees
         its interface up, and what it sends is lost (as when a switch port dies)."""
         _ip("-n", self.switch, "link", "set", f"p{i}", "up" if up else "down")
+
+    def never_join(self, i: int) -> None:
+        """Host ``i`` never joins jobs launched from now on: the launcher's
+        connection to it hangs (as ssh to a machine that is down), so its
+        hydra proxy, and its ranks, never start."""
+        (self._dir / f"down.{self.names[i]}").touch()
 
     def kill_host(self, i: int) -> list[int]:
         """SIGKILLs every process on host ``i`` (a crashed machine); returns the pids."""

@@ -3,7 +3,9 @@ something fails, a checkpoint before the fault; prints how it ended.
 
 Usage: python cluster_fault_rank.py DIRECTORY ELEMENTS. Each rank saves its state at
 step 2 under DIRECTORY/ckpt, then creates DIRECTORY/ready.<rank> and goes on
-exchanging until an op fails, which it reports in one line.
+exchanging until an op fails, which it reports in one line, printed and
+written to DIRECTORY/report.<rank> (a launcher that ends the job may drop
+what the survivors print).
 """
 
 import os
@@ -36,7 +38,10 @@ try:
         x.block_until_ready()
         step += 1
 except Exception as error:  # noqa: BLE001 (the report is the point)
-    print(f"RANK {rank} FAILED after {time.monotonic() - began:.1f} s in step {step}: "
-          f"{type(error).__name__}: {error}".replace("\n", " | "), flush=True)
+    report = (f"RANK {rank} FAILED after {time.monotonic() - began:.1f} s in step {step}: "
+              f"{type(error).__name__}: {error}".replace("\n", " | "))
 else:
-    print(f"RANK {rank} NO ERROR after {step} steps", flush=True)
+    report = f"RANK {rank} NO ERROR after {step} steps"
+with open(os.path.join(directory, f"report.{rank}"), "w") as f:
+    f.write(report + "\n")
+print(report, flush=True)

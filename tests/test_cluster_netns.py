@@ -165,6 +165,98 @@ def test_a_link_pulled_during_an_exchange_fails_every_rank_in_seconds(netns_clus
                                    _ring_after(2, n, FAULT_ELEMENTS)[r], rtol=1e-6)
 
 
+def _reports(directory, ranks) -> dict[int, str]:
+    """What each rank wrote to its own report file (DIRECTORY/report.<rank>)."""
+    return {r: (directory / f"report.{r}").read_text().strip()
+            for r in ranks if (directory / f"report.{r}").exists()}
+
+
+def test_a_link_shaped_to_a_trickle_fails_every_rank_in_seconds(netns_cluster_factory,
+                                                                tmp_path):
+    """Host 3's link cut to 8 kbit/s (a congested or failing link, not a cut
+    one) mid-exchange of 1 MB messages: every rank, rank 3 included, fails
+    within the timeout naming the op and a neighbour, each in its own file."""
+    import threading
+
+    from jaxfog.testing import launch_environment, run_command
+    from netns_rig import run_command_args
+
+    n = 4
+    cluster = netns_cluster_factory(n)
+    script = os.path.join(os.path.dirname(__file__), "cluster_fault_rank.py")
+    command = run_command_args(cluster, n, [sys.executable, script, str(tmp_path),
+                                            str(FAULT_ELEMENTS)])
+    env = cluster.environment(launch_environment({"JAXFOG_TIMEOUT": str(FAULT_TIMEOUT)}))
+    launch_thread = threading.Thread(target=run_command, args=(command,),
+                                     kwargs={"timeout": 240, "env": env})
+    launch_thread.start()
+    while launch_thread.is_alive() and not all(
+            (tmp_path / f"ready.{r}").exists() for r in range(n)):
+        time.sleep(0.1)
+    time.sleep(0.5)
+    cluster.shape(3, "8kbit")  # 1 MB would take about 17 minutes
+    faulted = time.monotonic()
+    while time.monotonic() - faulted < 2 * FAULT_TIMEOUT + FAULT_SLACK and (
+            len(_reports(tmp_path, range(n))) < n or any(
+                _rank_processes(cluster, i) for i in range(n))):
+        time.sleep(0.5)
+    lingering = {i: _rank_processes(cluster, i) for i in range(n)}
+    reports = _reports(tmp_path, range(n))
+    cluster.close()  # mpiexec waits for host 3's proxy, behind the trickle
+    launch_thread.join()
+    assert not any(lingering.values()), f"rank processes still running: {lingering}"
+    # Each rank waits for a neighbour on the ring; 0 and 2 for rank 3 or for the
+    # other (whichever failed first), 3 for 0 or 2 behind its own trickle.
+    neighbours = {r: [f"rank {(r - 1) % n}", f"rank {(r + 1) % n}"] for r in range(n)}
+    for r in range(n):
+        line = reports.get(r, "")
+        assert "FAILED" in line and "jaxfog neighbor_allreduce (op #" in line and any(
+            p in line for p in neighbours[r]), (r, reports)
+        waited = float(line.split(" after ")[1].split(" s")[0])
+        assert waited < FAULT_TIMEOUT + FAULT_SLACK, line
+
+
+def test_a_host_that_never_joins_ends_the_others_in_init(netns_cluster_factory, tmp_path):
+    """Host 3's proxy never starts (the launcher's connection to it hangs, as
+    ssh to a machine that is down): ranks 0-2 wait in MPI_Init for a rank
+    that never comes, and each ends after JAXFOG_INIT_TIMEOUT saying so (on
+    its own stderr file), instead of waiting for ever."""
+    import threading
+
+    from jaxfog.testing import launch_environment, run_command
+    from netns_rig import run_command_args
+
+    n, bound = 4, 15
+    cluster = netns_cluster_factory(n)
+    cluster.never_join(3)
+    script = os.path.join(os.path.dirname(__file__), "cluster_fault_rank.py")
+    command = run_command_args(cluster, n, ["sh", "-c", f"exec {sys.executable} {script} "
+                                            f"{tmp_path} 1024 2> {tmp_path}/stderr.$PMI_RANK"])
+    env = cluster.environment(launch_environment({"JAXFOG_INIT_TIMEOUT": str(bound)}))
+    launch_thread = threading.Thread(target=run_command, args=(command,),
+                                     kwargs={"timeout": 240, "env": env})
+    started = time.monotonic()
+    launch_thread.start()
+    while time.monotonic() - started < 2 * bound + FAULT_SLACK and not all(
+            (tmp_path / f"stderr.{r}").exists() for r in range(n - 1)):
+        time.sleep(0.2)
+    assert all((tmp_path / f"stderr.{r}").exists() for r in range(n - 1)), "ranks not started"
+    while time.monotonic() - started < 2 * bound + FAULT_SLACK and any(
+            _rank_processes(cluster, i) for i in range(n - 1)):
+        time.sleep(0.5)
+    ended = time.monotonic() - started
+    lingering = {i: _rank_processes(cluster, i) for i in range(n - 1)}
+    cluster.close()  # mpiexec still waits for host 3's launch
+    launch_thread.join()
+    assert not any(lingering.values()), f"rank processes still running: {lingering}"
+    assert bound <= ended < 2 * bound + FAULT_SLACK, ended
+    for r in range(n - 1):
+        said = (tmp_path / f"stderr.{r}").read_text()
+        assert f"jaxfog.init (rank {r} of {n}): MPI_Init still waits after {bound} s " \
+               "(JAXFOG_INIT_TIMEOUT)" in said, (r, said)
+    assert not (tmp_path / "report.0").exists()  # nobody got past init
+
+
 def _rank_processes(cluster, host: int) -> list[int]:
     """Pids of rank programs (``python cluster_fault_rank.py``, not the launchers
     naming it) still on ``host``."""
@@ -186,8 +278,11 @@ MODEL_ELEMENTS = 1 << 20
 def test_one_peer_gossip_beats_allreduce_where_bandwidth_is_scarce(netns_cluster_factory):
     """4 hosts on 100 Mbit/s links: an allreduce sends about 2(n-1)/n = 1.5
     models per rank, one-peer gossip one, so the exchange takes about 2/3 of
-    the time; at least 1.3x faster is asserted. The bytes are counted on the
-    hosts' interfaces."""
+    the time. The bytes are counted on the hosts' interfaces, and the speed-up
+    is asserted against their ratio: where bandwidth is the limit, time follows
+    bytes (measured 1.54x for a byte ratio of 1.49), so at least 3/4 of the
+    byte ratio (about 1.12x) leaves a wide margin for a loaded machine and
+    still fails if gossip lost its advantage (1.0x)."""
     import json
 
     n, steps = 4, 3
@@ -211,4 +306,5 @@ def test_one_peer_gossip_beats_allreduce_where_bandwidth_is_scarce(netns_cluster
     for rank_bytes in sent[0]:
         assert rank_bytes > exchanges * model * 1.4, sent
     speedup = seconds["allreduce"] / seconds["one-peer"]
-    assert speedup > 1.3, seconds
+    byte_ratio = sum(sent[0]) / sum(sent[1])
+    assert speedup > 0.75 * byte_ratio, (seconds, byte_ratio)

@@ -145,3 +145,29 @@ def test_build_info_names_the_mpi_built_against():
     assert info["nccl_built"] == (info["cuda_built"] and info["nccl_include"] is not None)
     assert info["mpicxx"].endswith("mpicxx")
     assert "-lmpi" in info["mpi_flags"]
+
+
+def test_init_bound_ends_a_process_stuck_in_mpi_init_and_spares_one_that_is_not():
+    """The watchdog of ``jf.init``'s MPI_Init (JAXFOG_INIT_TIMEOUT) is a process
+    of its own, so it acts even while the stuck call holds the GIL; a block
+    that returns in time leaves the process alone."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    program = ("import sys, time; from jaxfog.runtime import _bounded_mpi_init\n"
+               "with _bounded_mpi_init(float(sys.argv[1])):\n"
+               "    time.sleep(float(sys.argv[2]))\n"
+               "print('returned')\n")
+    env = {**os.environ, "PMI_RANK": "2", "PMI_SIZE": "4"}
+    started = time.monotonic()
+    stuck = subprocess.run([sys.executable, "-c", program, "1", "30"], capture_output=True,
+                           text=True, env=env, timeout=60)
+    assert time.monotonic() - started < 15
+    assert stuck.returncode == -9 and "returned" not in stuck.stdout, stuck
+    assert ("jaxfog.init (rank 2 of 4): MPI_Init still waits after 1 s "
+            "(JAXFOG_INIT_TIMEOUT)") in stuck.stderr, stuck.stderr
+    fine = subprocess.run([sys.executable, "-c", program, "20", "0.1"], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert fine.returncode == 0 and fine.stdout == "returned\n" and not fine.stderr, fine
