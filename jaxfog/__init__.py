@@ -5,7 +5,7 @@ topologies, and one program that runs as n MPI processes (``jaxfog run``).
 """
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxfog import ops, topology
 from jaxfog.errors import JaxfogError, JaxfogTimeoutError, NotInitializedError
@@ -41,6 +41,22 @@ _OPS = tuple(name for name in ops.OPS if name not in ("comm_rank", "comm_size"))
 _LAZY = {"simulate": "jaxfog.simulation", "Agents": "jaxfog.simulation",
          "Delays": "jaxfog.simulation", "reset_clocks": "jaxfog.simulation",
          "jit": "jaxfog.ops.jit", **{name: "jaxfog.ops" for name in _OPS}}
+
+if TYPE_CHECKING:  # the lazy names as type checkers see them (at run time: __getattr__)
+    from jaxfog.ops.jit import jit
+    from jaxfog.simulation import Agents, Delays, reset_clocks, simulate
+    from jaxfog.ops.collective import allgather, allreduce, broadcast
+    from jaxfog.ops.hierarchical import hierarchical_neighbor_allreduce
+    from jaxfog.ops.neighbor import neighbor_allgather, neighbor_allreduce, pair_gossip
+    from jaxfog.ops.nonblocking import (
+        Handle, allgather_nonblocking, allreduce_nonblocking, broadcast_nonblocking,
+        neighbor_allgather_nonblocking, neighbor_allreduce_nonblocking, pair_gossip_nonblocking,
+        poll, wait, wait_all, win_accumulate_nonblocking, win_get_nonblocking,
+        win_put_nonblocking)
+    from jaxfog.ops.process import barrier
+    from jaxfog.ops.window import (
+        win_accumulate, win_create, win_free, win_get, win_mutex, win_put, win_update,
+        win_update_then_collect, win_version, win_weight)
 
 
 def __getattr__(name: str) -> Any:

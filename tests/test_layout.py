@@ -307,3 +307,26 @@ def test_every_exception_class_is_in_errors_and_nothing_raises_a_bare_runtime_er
     from jaxfog.errors import JaxfogError
 
     assert all(issubclass(getattr(errors, name), (JaxfogError, Warning)) for name in ours), ours
+
+
+def test_type_checkers_see_every_lazy_name():
+    """jaxfog and jaxfog.ops hand their ops out lazily (``__getattr__``); their
+    ``if TYPE_CHECKING:`` imports give type checkers the same names, from the
+    modules that define them."""
+    import jaxfog
+    import jaxfog.ops
+
+    for package, lazy in ((jaxfog, jaxfog._LAZY), (jaxfog.ops, {name: f"jaxfog.ops.{module}"
+                                                                 for name, module in
+                                                                 jaxfog.ops.OPS.items()})):
+        tree = ast.parse(Path(package.__file__).read_text())
+        [block] = [node for node in tree.body if isinstance(node, ast.If)
+                   and ast.unparse(node.test) == "TYPE_CHECKING"]
+        seen = {}
+        for node in block.body:
+            assert isinstance(node, ast.ImportFrom), ast.unparse(node)
+            for alias in node.names:
+                seen[alias.name] = node.module
+        assert set(seen) == set(lazy), (package.__name__, set(seen) ^ set(lazy))
+        for name, module in seen.items():
+            assert getattr(importlib.import_module(module), name) is getattr(package, name)

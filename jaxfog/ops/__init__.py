@@ -11,7 +11,7 @@ read from it, and both load the op's module (and JAX) on first use only.
 """
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 #: Every public op, by the module (in ``jaxfog.ops``) that defines it.
 OPS = {
@@ -32,6 +32,20 @@ OPS = {
     "wait": "nonblocking", "wait_all": "nonblocking", "poll": "nonblocking",
     "Handle": "nonblocking",
 }
+
+if TYPE_CHECKING:  # the names as type checkers see them (at run time: __getattr__)
+    from jaxfog.ops.collective import allgather, allreduce, broadcast
+    from jaxfog.ops.hierarchical import hierarchical_neighbor_allreduce
+    from jaxfog.ops.neighbor import neighbor_allgather, neighbor_allreduce, pair_gossip
+    from jaxfog.ops.nonblocking import (
+        Handle, allgather_nonblocking, allreduce_nonblocking, broadcast_nonblocking,
+        neighbor_allgather_nonblocking, neighbor_allreduce_nonblocking, pair_gossip_nonblocking,
+        poll, wait, wait_all, win_accumulate_nonblocking, win_get_nonblocking,
+        win_put_nonblocking)
+    from jaxfog.ops.process import barrier, comm_rank, comm_size
+    from jaxfog.ops.window import (
+        win_accumulate, win_create, win_free, win_get, win_mutex, win_put, win_update,
+        win_update_then_collect, win_version, win_weight)
 
 
 def __getattr__(name: str) -> Any:
