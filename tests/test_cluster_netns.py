@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from netns_rig import body, launch, netns_cluster_factory  # noqa: F401 (fixture)
 
@@ -116,23 +115,20 @@ def _restore(directory: str, rank: int, step: int, elements: int) -> np.ndarray:
         return np.asarray(manager.restore(step, args=ocp.args.StandardRestore(like))["x"])
 
 
-def test_a_link_pulled_during_an_exchange_fails_every_rank_in_seconds(netns_cluster_factory,
-                                                                     tmp_path):
-    """4 hosts in a ring exchanging; host 3's cable is pulled at the switch. Every rank whose output can reach the launcher fails within the
-    timeout naming the op and the peer it waited for, no rank process outlives
-    the bound, and the checkpoints saved before the fault load."""
+def _start_fault_job(cluster, n: int, tmp_path) -> tuple:
+    """Launches tests/cluster_fault_rank.py on ``n`` hosts in a thread and
+    returns (the thread, a dict that gets the launch's "result") once every
+    rank has checkpointed and is exchanging."""
     import threading
 
     from jaxfog.testing import launch_environment, run_command
     from netns_rig import run_command_args
 
-    n = 4
-    cluster = netns_cluster_factory(n)
     script = os.path.join(os.path.dirname(__file__), "cluster_fault_rank.py")
     command = run_command_args(cluster, n, [sys.executable, script, str(tmp_path),
-                                               str(FAULT_ELEMENTS)])
+                                            str(FAULT_ELEMENTS)])
     env = cluster.environment(launch_environment({"JAXFOG_TIMEOUT": str(FAULT_TIMEOUT)}))
-    done = {}
+    done: dict = {}
     launch_thread = threading.Thread(
         target=lambda: done.setdefault("result", run_command(command, timeout=240, env=env)))
     launch_thread.start()
@@ -140,6 +136,18 @@ def test_a_link_pulled_during_an_exchange_fails_every_rank_in_seconds(netns_clus
             (tmp_path / f"ready.{r}").exists() for r in range(n)):
         time.sleep(0.1)
     time.sleep(0.5)  # well inside the exchanges
+    return launch_thread, done
+
+
+def test_a_link_pulled_during_an_exchange_fails_every_rank_in_seconds(netns_cluster_factory,
+                                                                     tmp_path):
+    """4 hosts in a ring exchanging; host 3's cable is pulled at the switch.
+    Every rank whose output can reach the launcher fails within the timeout
+    naming the op and the peer it waited for, no rank process outlives the
+    bound, and the checkpoints saved before the fault load."""
+    n = 4
+    cluster = netns_cluster_factory(n)
+    launch_thread, done = _start_fault_job(cluster, n, tmp_path)
     cluster.link(3, up=False)
     faulted = time.monotonic()
     while time.monotonic() - faulted < 2 * FAULT_TIMEOUT + FAULT_SLACK and any(
@@ -176,24 +184,9 @@ def test_a_link_shaped_to_a_trickle_fails_every_rank_in_seconds(netns_cluster_fa
     """Host 3's link cut to 8 kbit/s (a congested or failing link, not a cut
     one) mid-exchange of 1 MB messages: every rank, rank 3 included, fails
     within the timeout naming the op and a neighbour, each in its own file."""
-    import threading
-
-    from jaxfog.testing import launch_environment, run_command
-    from netns_rig import run_command_args
-
     n = 4
     cluster = netns_cluster_factory(n)
-    script = os.path.join(os.path.dirname(__file__), "cluster_fault_rank.py")
-    command = run_command_args(cluster, n, [sys.executable, script, str(tmp_path),
-                                            str(FAULT_ELEMENTS)])
-    env = cluster.environment(launch_environment({"JAXFOG_TIMEOUT": str(FAULT_TIMEOUT)}))
-    launch_thread = threading.Thread(target=run_command, args=(command,),
-                                     kwargs={"timeout": 240, "env": env})
-    launch_thread.start()
-    while launch_thread.is_alive() and not all(
-            (tmp_path / f"ready.{r}").exists() for r in range(n)):
-        time.sleep(0.1)
-    time.sleep(0.5)
+    launch_thread, _ = _start_fault_job(cluster, n, tmp_path)
     cluster.shape(3, "8kbit")  # 1 MB would take about 17 minutes
     faulted = time.monotonic()
     while time.monotonic() - faulted < 2 * FAULT_TIMEOUT + FAULT_SLACK and (
