@@ -187,8 +187,8 @@ def test_bfloat16_learns_and_reports_mfu(tmp_path, capsys):
     row = _table_row(text, "allreduce")
     tokens = float(row["tokens/s"].replace(",", ""))
     tflops = float(row["model TFLOP/s"])
-    assert tokens > 0 and tflops == pytest.approx(
-        tokens * report["flops_per_token"] / 1e12, rel=2e-3)
+    assert tokens > 0 and tflops == pytest.approx(  # printed to 3 significant digits
+        tokens * report["flops_per_token"] / 1e12, rel=5e-3)
     assert float(row["MFU"].rstrip("%")) == pytest.approx(100 * tflops / 0.5, rel=2e-2)
     assert float(row["MFU"].rstrip("%")) > 0
     # Without --peak-tflops a CPU has no listed peak: no MFU, and the report says why.
