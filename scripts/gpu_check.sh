@@ -39,7 +39,10 @@
 #                   each test at its smallest rank count (last: the longest; one
 #                   optax test alone took 93 s on the H200, so its budget ends it)
 # Explicit only: probe (the machine), mpi (a 2-rank MPI hello), units (build, JAX-compat
-# and C++ unit tests), staged and nccl (the two halves of gpu-tests).
+# and C++ unit tests), staged and nccl (the two halves of gpu-tests), throughput
+# (benchmarks/bench_throughput.py on the CPU cores: steps per second of every method,
+# digits MLP on 4 and 8 ranks, then the language model on 4; its own call:
+# `bash scripts/gpu_check.sh build throughput`).
 #
 # Files under $OUT (8 at most; each log is appended to while its steps run, so a
 # step killed at its limit keeps what it printed):
@@ -110,6 +113,7 @@ budget_of() {
     overlap) echo 40 ;;
     training) echo 55 ;;
     probe | mpi) echo 60 ;;
+    throughput) echo 420 ;;
     staged | nccl) echo 60 ;;
     units) echo 300 ;;
   esac
@@ -329,6 +333,17 @@ stage_lm() {
 # Start/wait against the backward pass on the CPU, with a core per thread
 # (these 16 cores; the 2-core CI machines share theirs): 2 ranks, both
 # computing, then rank 1 only communicating. The tables go into bench.log.
+stage_throughput() {
+  local n
+  for n in 4 8; do
+    step "throughput-digits-$n" 150 env JAX_PLATFORMS=cpu "$PY" -m jaxfog.cli run -np "$n" \
+      "$PY" benchmarks/bench_throughput.py --label "digits_${n}ranks_$(device_tag)" || return
+  done
+  step throughput-lm-4 150 env JAX_PLATFORMS=cpu "$PY" -m jaxfog.cli run -np 4 "$PY" \
+    benchmarks/bench_throughput.py --model lm --label "lm_4ranks_$(device_tag)" || return
+  [ "$PLAN" = 1 ] || cat benchmarks/results/throughput_*_"$(device_tag)".md >>"$LOG"
+}
+
 stage_overlap() {
   local tmp
   tmp=$(mktemp -d)
@@ -361,12 +376,12 @@ log_of() {
     probe | mpi | build | units) echo build.log ;;
     gpu-tests | staged | nccl | exit) echo gpu.log ;;
     mpi-suite | training) echo suites.log ;;
-    bench-sim | bench-exchange | lm | overlap) echo bench.log ;;
+    bench-sim | bench-exchange | lm | overlap | throughput) echo bench.log ;;
   esac
 }
 
 DEFAULT="build gpu-tests exit mpi-suite bench-exchange bench-sim lm overlap training"
-STAGES="probe mpi build units gpu-tests staged nccl exit mpi-suite training bench-sim bench-exchange lm overlap"
+STAGES="probe mpi build units gpu-tests staged nccl exit mpi-suite training bench-sim bench-exchange lm overlap throughput"
 [ $# -gt 0 ] || set -- $DEFAULT
 for stage in "$@"; do
   case " $STAGES " in
