@@ -330,3 +330,17 @@ def test_type_checkers_see_every_lazy_name():
         assert set(seen) == set(lazy), (package.__name__, set(seen) ^ set(lazy))
         for name, module in seen.items():
             assert getattr(importlib.import_module(module), name) is getattr(package, name)
+
+
+def test_architecture_page_names_every_python_module():
+    """docs/architecture.rst's "Where things live" names every module of the
+    package (as ``name.py`` or ``name``), and every ``*.py`` it names exists."""
+    page = (PACKAGE.parent / "docs" / "architecture.rst").read_text()
+    named = set(re.findall(r"``([^`]+)``", page))
+    unnamed = [str(path.relative_to(PACKAGE.parent)) for path in sorted(PACKAGE.rglob("*.py"))
+               if path.name != "__init__.py"
+               and not any(path.name in n or n == path.stem for n in named)]
+    assert not unnamed, f"modules the architecture page does not name: {unnamed}"
+    files = {path.name for path in PACKAGE.parent.rglob("*.py")}
+    absent = sorted(n for n in named if n.endswith(".py") and Path(n).name not in files)
+    assert not absent, f"the architecture page names files that do not exist: {absent}"
