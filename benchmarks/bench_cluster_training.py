@@ -1,16 +1,23 @@
-"""Time to a target test accuracy where bandwidth is scarce: the digits MLP of
-examples/train_digits.py (widened), 4 hosts (network namespaces, one rank
-each) on shaped links, per method and link rate; the bytes each rank's
-interface sent beside jf.comm_stats(), and the speed-up over gradient
-allreduce in time to target.
+"""Time to a target where bandwidth is scarce: the digits MLP of
+examples/train_digits.py (widened) or the byte-level language model of
+examples/train_lm.py, 4 hosts (network namespaces, one rank each) on shaped
+links, per method and link rate; the bytes each rank's interface sent beside
+jf.comm_stats(), and the speed-up over gradient allreduce in time to target.
 
     sudo python benchmarks/bench_cluster_training.py [--rates 100mbit,1gbit]
+    sudo python benchmarks/bench_cluster_training.py --model lm
     python benchmarks/bench_cluster_training.py --simulate   # 4 agents in one
                                                              # process: accuracy only
 
-Each run trains until the averaged model's test accuracy reaches --target at
-an epoch's end (or --epochs). Writes benchmarks/results/cluster_training_4hosts
-.{md,json,png}. Needs root (namespaces). About 12 minutes on 2 cores.
+Digits: each run trains until the averaged model's test accuracy reaches
+--target (percent) at an epoch's end (or --epochs); writes
+benchmarks/results/cluster_training_4hosts.{md,json,png}, about 12 minutes on 2
+cores. LM: until the averaged model's validation bits per byte is at or below
+--target at an evaluation (every --eval-every steps, or --steps); writes
+benchmarks/results/cluster_training_lm_4hosts.{md,json,png}. Bytes per step:
+the whole run's (train_digits.Traffic: a nonblocking method's exchanges are
+counted whichever window they ran in), evaluations excluded. Needs root
+(namespaces).
 """
 
 from __future__ import annotations
@@ -30,6 +37,12 @@ sys.path.insert(0, str(HERE))
 METHODS = ("allreduce", "atc exponential", "awc exponential", "atc one-peer", "awc one-peer",
            "atc one-peer delay=1", "awc one-peer delay=1", "choco top_k(0.05) exponential",
            "diloco H=10", "streaming diloco H=10", "noloco H=10")
+#: The language model's (examples/train_lm.py's labels, and the delayed one-peer atc).
+LM_METHODS = ("allreduce", "atc exponential", "atc one-peer", "atc one-peer delay=1",
+              "choco top_k(0.05) exponential", "diloco H=10", "diloco H=50",
+              "streaming diloco H=10 P=4 tau=1", "noloco H=10")
+#: The language model's target (validation bits per byte): see the table's text.
+LM_TARGET = 3.9
 
 
 def make_methods(n: int, lr: float, total_steps: int, names=METHODS):
@@ -66,8 +79,38 @@ def make_methods(n: int, lr: float, total_steps: int, names=METHODS):
     return [runs[name] for name in names]
 
 
+def lm_setup(args, n: int):
+    """train_lm's corpus, model, size and methods (its command line's defaults
+    but for the size's fields given here)."""
+    from flax import nnx
+
+    import jaxfog.optax as jfo
+    import jaxfog.topology as T
+    import train_lm as lm
+
+    size = lm.SIZES[args.size]._replace(
+        **{k: v for k, v in (("steps", args.steps), ("eval_every", args.eval_every))
+           if v is not None})
+    options = lm.make_parser().parse_args(["--size", args.size])
+    options.lr = size.lr
+    names = args.methods.split(",")
+    runs = {m.label: m for m in lm.methods(
+        n, ["allreduce", "atc", "choco", "diloco", "streaming-diloco", "noloco"], options,
+        size.steps)}
+    one_peer = T.one_peer_exponential(n)
+    runs["atc one-peer delay=1"] = lm.Method(
+        "atc one-peer delay=1",
+        jfo.atc(lm.inner_optimizer(options, size.steps), topology=one_peer, delay=1), 1,
+        lambda params: lm.out_degree(one_peer, n) * lm.nbytes(params))
+    data = lm.corpus(n, size, data_mb=size.data_mb, iid=False, seed=0)
+    model = nnx.split(lm.make_model(size, 0), nnx.Param)
+    return size, data, model, [runs[name] for name in names]
+
+
 def rank_main(args) -> None:
     """One rank (or the simulation): trains every method, writes its own file."""
+    if args.model == "lm":
+        return lm_rank_main(args)
     import jaxfog as jf
     import train_digits as td
 
@@ -92,27 +135,53 @@ def rank_main(args) -> None:
     Path(args.rank_out, f"rank{rank}.json").write_text(json.dumps(results))
 
 
-def summarise(per_rank: list[dict], target: float) -> dict:
+def lm_rank_main(args) -> None:
+    import jaxfog as jf
+    import train_lm as lm
+
+    agents = jf.Agents(simulated=4) if args.simulate else jf.Agents()
+    size, data, model, runs = lm_setup(args, agents.size)
+    counter = Path("/sys/class/net/eth0/statistics/tx_bytes")
+    wire = None if args.simulate else (lambda: int(counter.read_text()))
+    results = {}
+    for method in runs:
+        rows = lm.train(agents, method, data, size, model, steps=size.steps, seed=0,
+                        straggler=1.0, message_time=0.0, progress=False, dtype="float32",
+                        target=args.target, wire_bytes=wire)
+        for row in rows:
+            row["bytes_per_step"] = method.bytes_per_round(model[1]) / method.every
+        results[method.label] = rows
+        if agents.is_root:
+            last = rows[-1]
+            print(f"{method.label}: {last['val_bpb']:.3f} bpb after {last['step']} steps,"
+                  f" {last['wall_time']:.1f} s", flush=True)
+    rank = 0 if args.simulate else jf.rank()
+    Path(args.rank_out, f"rank{rank}.json").write_text(json.dumps(results))
+
+
+#: Per model: the metric, whether it must rise to the target, the steps key.
+METRIC = {"digits": ("test_accuracy", True, "steps"), "lm": ("val_bpb", False, "step")}
+
+
+def summarise(per_rank: list[dict], target: float, model: str = "digits") -> dict:
     """Per method: time to target (the slowest rank's), steps, bytes per rank per step."""
+    key, rising, steps_key = METRIC[model]
     rows = {}
     for label, first in per_rank[0].items():
-        reached = first[-1]["test_accuracy"] >= target
-        epochs = len(first)
+        final = first[-1][key]
+        reached = final >= target if rising else final <= target
         wall = max(r[label][-1]["wall_time"] for r in per_rank)
-        steps = first[-1]["steps"]
+        steps = first[-1][steps_key]
 
-        def per_step(key):
-            values = [sum(row[key] for row in r[label]) / epochs
-                      for r in per_rank if key in r[label][0]]
+        def per_step(name):  # the whole run's, the busiest rank's
+            values = [r[label][-1][name] / steps for r in per_rank if name in r[label][-1]]
             return max(values) if values else None
 
-        rows[label] = {"reached": reached, "seconds": wall, "steps": steps,
-                       "accuracy": first[-1]["test_accuracy"],
-                       "interface_bytes_per_step": per_step("interface_bytes_per_step"),
-                       "comm_stats_bytes_per_step": per_step("measured_bytes_per_step"),
-                       "model_bytes_per_step": first[0]["bytes_per_step"],
-                       "accuracy_by_time": [(row["wall_time"], row["test_accuracy"])
-                                            for row in first]}
+        rows[label] = {"reached": reached, "seconds": wall, "steps": steps, "final": final,
+                       "interface_bytes_per_step": per_step("run_interface_bytes"),
+                       "comm_stats_bytes_per_step": per_step("run_measured_bytes"),
+                       "model_bytes_per_step": first[-1]["bytes_per_step"],
+                       "by_time": [(row["wall_time"], row[key]) for row in first]}
     return rows
 
 
@@ -133,40 +202,83 @@ def run_cluster(rate: str, args, hosts: int) -> dict:
         if not result.ok:
             raise SystemExit(result.report())
         per_rank = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(hosts)]
-    return summarise(per_rank, args.target)
+    return summarise(per_rank, args.target, args.model)
 
 
 def forward(args) -> list[str]:
-    return ["--epochs", str(args.epochs), "--batch", str(args.batch), "--lr", str(args.lr),
-            "--hidden", str(args.hidden), "--target", str(args.target),
-            "--methods", args.methods]
+    common = ["--model", args.model, "--target", str(args.target), "--methods", args.methods]
+    if args.model == "lm":
+        return [*common, "--size", args.size,
+                *(["--steps", str(args.steps)] if args.steps else []),
+                *(["--eval-every", str(args.eval_every)] if args.eval_every else [])]
+    return [*common, "--epochs", str(args.epochs), "--batch", str(args.batch), "--lr",
+            str(args.lr), "--hidden", str(args.hidden)]
 
 
-def write(results: dict, args, hosts: int, model_mb: float) -> None:
+def describe(args, hosts: int, model_mb: float | None) -> tuple[str, str, str]:
+    """The table's title, the model's sentence and the final metric's column."""
+    if args.model == "lm":
+        import jax
+
+        import train_lm as lm
+
+        size, _, model, _ = lm_setup(args, hosts)
+        count = sum(v.size for v in jax.tree.leaves(model[1]))
+        model_mb = lm.nbytes(model[1]) / 1e6
+        return (f"# Time to {args.target:g} validation bits per byte, byte-level language "
+                f"model, {hosts} hosts x 1 rank",
+                f"Model: examples/train_lm.py's transformer at its `{args.size}` size"
+                + ("" if args.steps is None else f" but {size.steps} steps") +
+                f" ({size.depth} blocks of width {size.width}, {size.heads} heads, context "
+                f"{size.context}, {count:,} parameters, {model_mb:.2f} MB of float32), "
+                f"the first {size.data_mb:g} MB of the standard library's .py files by path "
+                f"(every {lm.VALIDATION_EVERY}th held out), contiguous blocks of files per "
+                f"rank (heterogeneous), {size.batch} windows per rank and step, AdamW peak "
+                f"{size.lr:g} warmup-cosine over {size.steps} steps, clipped at 1; CHOCO's "
+                "gamma 0.1; DiLoCo's outer Nesterov step 0.7, momentum 0.9; Streaming "
+                "DiLoCo 4 fragments, each waited one step after it started. The target: "
+                "what gradient allreduce reaches within the run (chosen from an allreduce "
+                f"run). Time: training steps only (the slowest rank; evaluation of the "
+                f"averaged model on {size.eval_windows} held-out windows every "
+                f"{size.eval_every} steps excluded) until the first evaluation at or below "
+                "the target.", "final bpb")
+    return (f"# Time to {args.target:g}% test accuracy, digits MLP, {hosts} hosts x 1 rank",
+            "Model: examples/train_digits.py's MLP widened to "
+            f"{args.hidden} hidden units ({model_mb:.2f} MB of float32 parameters), "
+            f"digits split by label over the 4 ranks, minibatches of {args.batch}, SGD "
+            f"with momentum 0.9, lr {args.lr:g} cosine-decayed over {args.epochs} epochs. "
+            "Time: training steps only (the slowest rank; evaluation of the averaged model at "
+            "each epoch's end excluded) until the first epoch end at or above the target.",
+            "final acc")
+
+
+def write(results: dict, args, hosts: int, model_mb: float | None) -> None:
     import _machine
 
-    out = HERE / "results" / f"cluster_training_{hosts}hosts"
+    stem = f"cluster_training_{'lm_' if args.model == 'lm' else ''}{hosts}hosts"
+    out = HERE / "results" / stem
+    title, model_text, final = describe(args, hosts, model_mb)
+    settings = ({"size": args.size, "steps": args.steps, "eval_every": args.eval_every}
+                if args.model == "lm" else
+                {"hidden": args.hidden, "batch": args.batch, "lr": args.lr,
+                 "epochs": args.epochs})
     out.with_suffix(".json").write_text(json.dumps(
-        {"machine": _machine.cpu(), "hosts": hosts, "hidden": args.hidden,
-         "target": args.target, "batch": args.batch, "lr": args.lr,
-         "results": results}, indent=1))
-    lines = [f"# Time to {args.target:g}% test accuracy, digits MLP, {hosts} hosts x 1 rank",
-             "",
-             f"Machine: {_machine.cpu()}. Hosts: network namespaces on one Linux bridge "
+        {"machine": _machine.cpu(), "hosts": hosts, "model": args.model,
+         "target": args.target, "link": "tc tbf <rate> burst 64kb latency 50ms, both ways",
+         **settings, "results": results}, indent=1))
+    lines = [title, "",
+             f"Machine: {_machine.cpu()} (the 4 ranks share them). Hosts: network "
+             "namespaces on one Linux bridge "
              "(scripts/netns_cluster.py), each host's veth capped both ways by `tc tbf "
              "<rate> burst 64kb latency 50ms`; MPICH 5 over UCX TCP, no shared memory "
-             "between hosts. Model: examples/train_digits.py's MLP widened to "
-             f"{args.hidden} hidden units ({model_mb:.2f} MB of float32 parameters), "
-             f"digits split by label over the 4 ranks, minibatches of {args.batch}, SGD "
-             f"with momentum 0.9, lr {args.lr:g} cosine-decayed over {args.epochs} epochs. "
-             "Time: training steps only (the slowest rank; evaluation of the averaged model at "
-             "each epoch's end excluded) until the first epoch end at or above the target. "
-             "Bytes: what the busiest rank's eth0 sent per training step (TCP/IP headers "
-             "included), beside what jf.comm_stats() counted.",
+             f"between hosts. {model_text} Bytes: what the busiest rank's eth0 sent per "
+             "training step over the whole run (TCP/IP headers included), beside what "
+             "jf.comm_stats() counted and the model's figure; evaluations' traffic "
+             "excluded, a nonblocking method's exchanges counted whenever they ran.",
              "",
-             "| link | method | time to target | steps | final acc | MB / rank / step (eth0) "
-             "| MB / step (comm_stats) | speed-up over allreduce |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             f"| link | method | time to target | steps | {final} | MB / rank / step (eth0) "
+             "| MB / step (comm_stats) | MB / step (model) | speed-up over allreduce |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for rate, rows in results.items():
         base = rows["allreduce"]["seconds"] if rows["allreduce"]["reached"] else None
         for label, row in rows.items():
@@ -175,10 +287,11 @@ def write(results: dict, args, hosts: int, model_mb: float) -> None:
             speed = f"{base / row['seconds']:.2f}x" if base and row["reached"] else "-"
             wire = row["interface_bytes_per_step"]
             stats = row["comm_stats_bytes_per_step"]
-            lines.append(f"| {rate} | {label} | {time} | {row['steps']} | "
-                         f"{row['accuracy']:.1f}% | "
+            value = f"{row['final']:.3f}" if args.model == "lm" else f"{row['final']:.1f}%"
+            lines.append(f"| {rate} | {label} | {time} | {row['steps']} | {value} | "
                          f"{'-' if wire is None else f'{wire / 1e6:.3f}'} | "
-                         f"{'-' if stats is None else f'{stats / 1e6:.3f}'} | {speed} |")
+                         f"{'-' if stats is None else f'{stats / 1e6:.3f}'} | "
+                         f"{row['model_bytes_per_step'] / 1e6:.3f} | {speed} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(results, out.with_suffix(".png"), args, hosts)
@@ -190,38 +303,55 @@ def plot(results: dict, path: Path, args, hosts: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    lm = args.model == "lm"
     fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 4.5), squeeze=False)
     for axis, (rate, rows) in zip(axes[0], results.items()):
         for label, row in rows.items():
-            t, acc = zip(*row["accuracy_by_time"])
-            axis.plot(t, acc, marker=".", label=label)
+            t, value = zip(*row["by_time"])
+            axis.plot(t, value, marker=".", label=label)
         axis.axhline(args.target, color="k", linewidth=0.8, linestyle="--")
         axis.set_title(f"{hosts} hosts, links {rate} (tc tbf)")
         axis.set_xlabel("training wall time (s)")
-        axis.set_ylabel("test accuracy of the averaged model (%)")
-        axis.set_ylim(50, 100)
+        if lm:
+            axis.set_ylabel("validation bits per byte of the averaged model")
+            axis.set_ylim(args.target - 0.5, args.target + 2.0)
+        else:
+            axis.set_ylabel("test accuracy of the averaged model (%)")
+            axis.set_ylim(50, 100)
         axis.grid(True, alpha=0.3)
     axes[0][0].legend(fontsize="small")
-    fig.suptitle(f"Digits MLP ({args.hidden} hidden units), time to {args.target:g}%")
+    fig.suptitle(f"Language model ({args.size} size), time to {args.target:g} bpb" if lm else
+                 f"Digits MLP ({args.hidden} hidden units), time to {args.target:g}%")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=("digits", "lm"), default="digits")
     parser.add_argument("--rates", default="100mbit,1gbit")
     parser.add_argument("--hosts", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--target", type=float, default=95.0, help="test accuracy, percent")
-    parser.add_argument("--epochs", type=int, default=30, help="at most")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--target", type=float, default=None,
+                        help="digits: test accuracy, percent (95); lm: validation bits per "
+                             f"byte ({LM_TARGET})")
+    parser.add_argument("--methods", default=None)
+    parser.add_argument("--hidden", type=int, default=512, help="digits")
+    parser.add_argument("--epochs", type=int, default=30, help="digits: at most")
+    parser.add_argument("--batch", type=int, default=32, help="digits")
+    parser.add_argument("--lr", type=float, default=0.05, help="digits")
+    parser.add_argument("--size", default="default", help="lm: train_lm's SIZES entry")
+    parser.add_argument("--steps", type=int, default=None, help="lm: at most (the size's)")
+    parser.add_argument("--eval-every", type=int, default=None, help="lm (the size's)")
     parser.add_argument("--simulate", action="store_true",
                         help="4 simulated agents in this process; prints, writes nothing")
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    lm = args.model == "lm"
+    if args.target is None:
+        args.target = LM_TARGET if lm else 95.0
+    if args.methods is None:
+        args.methods = ",".join(LM_METHODS if lm else METHODS)
     if args.rank or args.simulate:
         if args.simulate:
             import tempfile
@@ -234,8 +364,8 @@ def main() -> None:
     if why_not:
         raise SystemExit(f"bench_cluster_training: {why_not}")
     results = {rate: run_cluster(rate, args, args.hosts) for rate in args.rates.split(",")}
-    model_mb = 4 * (64 * args.hidden + args.hidden * args.hidden + 10 * args.hidden
-                    + 2 * args.hidden + 10) / 1e6
+    model_mb = None if lm else 4 * (64 * args.hidden + args.hidden * args.hidden
+                                    + 10 * args.hidden + 2 * args.hidden + 10) / 1e6
     write(results, args, args.hosts, model_mb)
 
 

@@ -149,6 +149,69 @@ def methods(n: int, names: list[str], graphs: list[str], lr: float, momentum: fl
     return runs
 
 
+class Traffic:
+    """What this rank sent over a whole run, evaluations excluded.
+
+    ``jf.comm_stats()`` (and ``wire_bytes()``, an interface's counter, if
+    given) is read, and reset, around every window of steps and every
+    evaluation; all of it is summed, so that an exchange which a nonblocking
+    method's communication thread runs between two windows (during an
+    evaluation) is still counted, and the evaluations' traffic, measured once
+    on an evaluation before any step (:meth:`calibrate`), is subtracted per
+    evaluation. A window's own reading (:meth:`read`'s return) misses such an
+    exchange or counts it in the next window. Nothing on simulated agents."""
+
+    def __init__(self, agents: jf.Agents, wire_bytes: Callable[[], int] | None = None):
+        self.on = not agents.simulated
+        self.wire_bytes = wire_bytes
+        self.last_wire = wire_bytes() if wire_bytes else 0
+        self.comm = self.wire = 0
+        self.evaluations = 0
+        self.per_evaluation = (0, 0)
+        if self.on:
+            jf.comm_stats(reset=True)
+
+    def read(self) -> tuple[int, int | None]:
+        """Bytes sent since the last reading (comm_stats, interface), added to the run's."""
+        if not self.on:
+            return 0, None
+        comm = sum(s.bytes for s in jf.comm_stats(reset=True).values())
+        wire = None
+        if self.wire_bytes:
+            now = self.wire_bytes()
+            wire, self.last_wire = now - self.last_wire, now
+        self.comm += comm
+        self.wire += wire or 0
+        return comm, wire
+
+    def calibrate(self, evaluate: Callable[[], Any]) -> Any:
+        """Runs ``evaluate`` (no step before it) and takes its traffic as an evaluation's."""
+        self.read()
+        self.comm = self.wire = 0
+        value = evaluate()
+        comm, wire = self.read()
+        self.comm = self.wire = 0
+        self.per_evaluation = (comm, wire or 0)
+        return value
+
+    def evaluated(self) -> None:
+        """One more evaluation (after calibrate's) since the run began."""
+        self.evaluations += 1
+
+    def totals(self) -> dict[str, float]:
+        """The run's bytes so far, evaluations excluded: keys ``run_measured_bytes``
+        (comm_stats) and ``run_interface_bytes`` (with ``wire_bytes``)."""
+        if not self.on:
+            return {}
+        self.read()
+        comm = self.comm - self.evaluations * self.per_evaluation[0]
+        out = {"run_measured_bytes": float(comm)}
+        if self.wire_bytes:
+            out["run_interface_bytes"] = float(self.wire - self.evaluations
+                                               * self.per_evaluation[1])
+        return out
+
+
 class Progress:
     """A progress bar on stderr, drawn by rich when ``enabled`` (callers enable it
     on one rank) and stderr is a terminal. ``bar(done, note)`` shows ``done`` of
@@ -196,7 +259,8 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
     """Trains one run; returns one row of metrics per epoch. It stops after the
     first epoch whose averaged model reaches ``target`` test accuracy (percent),
     if given; ``wire_bytes()`` (bytes this agent's interface has sent so far)
-    adds what crossed the interface during the steps, evaluation excluded."""
+    adds what crossed the interface during the steps, evaluation excluded. On
+    MPI each row also has the run's bytes so far (:class:`Traffic`)."""
     model = MLP(hidden)
     x_test, y_test = jnp.asarray(test[0]), jnp.asarray(test[1])
     xs, ys = agents.data(lambda r: shards[r])
@@ -241,14 +305,25 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
     one = jax.tree.map(lambda v: np.zeros(v.shape[1:], v.dtype), params) if (
         agents.simulated) else params  # the shapes of one agent's parameters
     sent = method.bytes_per_step(one)
+
+    def assess(params, losses):  # the evaluation's collectives, the same every time
+        averaged, own, distance, norm = evaluate(params)
+        own = agents.gather(own)
+        step_losses = agents.mean(losses)
+        return {"loss": float(np.mean(step_losses)), "step_losses": step_losses.tolist(),
+                "test_accuracy": 100 * float(agents.mean(averaged)),
+                "agent_accuracy": [100 * float(np.min(own)), 100 * float(np.max(own))],
+                "spread": float(np.sqrt(agents.mean(distance) / agents.mean(norm)))}
+
+    traffic = Traffic(agents, wire_bytes)
+    if traffic.on:
+        traffic.calibrate(lambda: assess(params, jnp.zeros(steps, jnp.float32)))
     rows, elapsed = [], 0.0
     with Progress(method.label, epochs * steps, progress and agents.is_root) as bar:
         for epoch in range(epochs):
             start = time.perf_counter()
             losses = []
-            if not agents.simulated:
-                jf.comm_stats(reset=True)
-            on_wire = wire_bytes() if wire_bytes else 0
+            traffic.read()  # what ran between the windows counts for the run only
             for i in range(steps):
                 params, opt_state, loss = step(params, opt_state, xs, ys, epoch, i)
                 losses.append(loss)
@@ -257,21 +332,17 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
                 params, opt_state = agents.map(finish)(params, opt_state)
             losses = jax.block_until_ready(jnp.stack(losses, -1))
             elapsed += time.perf_counter() - start
-            on_wire = wire_bytes() - on_wire if wire_bytes else None
-            if not agents.simulated:  # what went on the wire (this rank), per step
-                measured = sum(s.bytes for s in jf.comm_stats().values()) / steps
-            averaged, own, distance, norm = evaluate(params)
-            own = agents.gather(own)
-            step_losses = agents.mean(losses)
+            # What this rank put on the wire during the window, per step.
+            measured, on_wire = traffic.read()
+            run = traffic.totals()
+            metrics = assess(params, losses)
+            traffic.evaluated()
             rows.append({
-                "epoch": epoch + 1, "steps": (epoch + 1) * steps,
-                "loss": float(np.mean(step_losses)), "step_losses": step_losses.tolist(),
-                "test_accuracy": 100 * float(agents.mean(averaged)),
-                "agent_accuracy": [100 * float(np.min(own)), 100 * float(np.max(own))],
-                "spread": float(np.sqrt(agents.mean(distance) / agents.mean(norm))),
+                "epoch": epoch + 1, "steps": (epoch + 1) * steps, **metrics,
                 "bytes_per_step": sent, "wall_time": elapsed,
-                **({} if agents.simulated else {"measured_bytes_per_step": measured}),
-                **({} if on_wire is None else {"interface_bytes_per_step": on_wire / steps})})
+                **({} if agents.simulated else {"measured_bytes_per_step": measured / steps}),
+                **({} if on_wire is None else {"interface_bytes_per_step": on_wire / steps}),
+                **run})
             if target is not None and rows[-1]["test_accuracy"] >= target:
                 break  # the same on every agent: the averaged model's accuracy
     return rows

@@ -89,7 +89,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "benchmarks"))
 
 import _machine  # noqa: E402
-from train_digits import Progress, compressor  # noqa: E402
+from train_digits import Progress, Traffic, compressor  # noqa: E402
 
 import jaxfog as jf  # noqa: E402
 import jaxfog.asynchrony as jfa  # noqa: E402
@@ -311,14 +311,19 @@ def union_out_degree(topology: T.Topology | T.Schedule, n: int) -> float:
     return float(edges.sum(0).mean())
 
 
+def inner_optimizer(args: argparse.Namespace, steps: int) -> optax.GradientTransformation:
+    """Every method's inner optimizer: AdamW (``args.lr``, ``args.weight_decay``),
+    warmup-cosine over ``steps``, gradients clipped at norm 1."""
+    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, max(1, steps // 20), steps)
+    return optax.chain(optax.clip_by_global_norm(1.0),
+                       optax.adamw(schedule, weight_decay=args.weight_decay))
+
+
 def methods(n: int, names: list[str], args: argparse.Namespace,
             steps: int) -> list[Method]:
     """The runs to compare, in the order of the table."""
     def inner(length=steps):
-        schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, max(1, length // 20),
-                                                      length)
-        return optax.chain(optax.clip_by_global_norm(1.0),
-                           optax.adamw(schedule, weight_decay=args.weight_decay))
+        return inner_optimizer(args, length)
 
     def outer():  # DiLoCo's outer Nesterov step (the paper's: 0.7, momentum 0.9)
         return optax.sgd(args.outer_lr, momentum=args.outer_momentum or None,
@@ -411,9 +416,14 @@ def evaluate(graphdef: Any, params: Any, validation: jax.Array, dtype: Any) -> j
 
 def train(agents: jf.Agents, method: Method, data: Corpus, size: Size, model: Any, *,
           steps: int, seed: int, straggler: float, message_time: float, progress: bool,
-          dtype: Any) -> list[dict[str, Any]]:
+          dtype: Any, target: float | None = None,
+          wire_bytes: Callable[[], int] | None = None) -> list[dict[str, Any]]:
     """One synchronous run from ``model`` (graphdef, params: the same on every
-    agent); a row every ``size.eval_every`` steps (and at 0)."""
+    agent); a row every ``size.eval_every`` steps (and at 0). It stops after
+    the first row whose validation bpb is at or below ``target``, if given. On
+    MPI each row has the run's bytes so far, evaluations excluded
+    (``run_measured_bytes``; ``run_interface_bytes``: ``wire_bytes()``'s, the
+    bytes this agent's interface has sent so far; train_digits.Traffic)."""
     graphdef, params = model
     optimizer = method.optimizer
     params_bytes = nbytes(params)
@@ -435,7 +445,7 @@ def train(agents: jf.Agents, method: Method, data: Corpus, size: Size, model: An
     # Compiled ahead, so that the wall times are training, not compilation.
     step = agents.map(step, in_axes=(0, 0, 0, None)).lower(*state, streams, 0).compile()
 
-    def row(k, losses, wall, measured):
+    def row(k, losses, wall, measured, run=None):
         sent = (k // method.every) * sent_per_round
         return {"step": k,
                 "val_bpb": averaged_bpb(agents, graphdef, state[0], validation, dtype),
@@ -444,16 +454,19 @@ def train(agents: jf.Agents, method: Method, data: Corpus, size: Size, model: An
                 "sent_bytes": sent, "wall_time": wall,
                 "simulated_time": synchronous_time(method, k, straggler, message_time,
                                                    params_bytes, sent_per_round),
-                **({} if measured is None else {"measured_sent_bytes": measured})}
+                **({} if measured is None else {"measured_sent_bytes": measured}),
+                **(run or {})}
 
     measured = None if agents.simulated else 0
-    rows = [row(0, [], 0.0, measured)]
+    traffic = Traffic(agents, wire_bytes)
+    # The first evaluation, before any step, is every evaluation's traffic
+    # (the same collectives: train_bpb's mean excepted, a few bytes).
+    rows = [traffic.calibrate(lambda: row(0, [], 0.0, measured, traffic.totals()))]
     wall = 0.0
     with Progress(method.label, steps, progress and agents.is_root) as bar:
         for start in range(0, steps, size.eval_every):
             stop = min(steps, start + size.eval_every)
-            if not agents.simulated:
-                jf.comm_stats(reset=True)
+            traffic.read()  # what ran between the windows counts for the run only
             clock = time.perf_counter()
             losses = []
             for k in range(start, stop):
@@ -463,15 +476,19 @@ def train(agents: jf.Agents, method: Method, data: Corpus, size: Size, model: An
             jax.block_until_ready(losses)
             wall += time.perf_counter() - clock
             if not agents.simulated:  # what this rank put on the wire during the steps
-                measured += sum(s.bytes for s in jf.comm_stats().values())
-            rows.append(row(stop, losses, wall, measured))
+                measured += traffic.read()[0]
+            rows.append(row(stop, losses, wall, measured, traffic.totals()))
+            traffic.evaluated()
+            if target is not None and rows[-1]["val_bpb"] <= target:
+                break  # the same on every agent: the averaged model's
     if hasattr(optimizer, "finish"):  # exchanges still in flight (streaming_diloco)
         def finish(params, opt_state):
             updates, opt_state = optimizer.finish(opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 
         state = list(agents.map(finish)(*state))
-        rows[-1] = row(steps, losses, wall, measured)
+        if stop == steps:
+            rows[-1] = row(steps, losses, wall, measured, traffic.totals())
     return rows
 
 
@@ -611,7 +628,8 @@ def plot(results: dict[str, list[dict[str, Any]]], unigram: float, path: str,
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None) -> dict[str, Any]:
+def make_parser() -> argparse.ArgumentParser:
+    """The command line; its defaults are also what benchmarks take."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="default",
                         help="model, batch, steps and data (SIZES in this file); the "
@@ -656,7 +674,11 @@ def main(argv=None) -> dict[str, Any]:
                         help="directory for lm_{n}agents.{md,json,png}")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> dict[str, Any]:
+    args = make_parser().parse_args(argv)
     size = SIZES[args.size]._replace(**{k: getattr(args, k) for k in Size._fields
                                         if getattr(args, k) is not None})
     args.lr = size.lr
