@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-import _machine  # benchmarks/_machine.py, beside this script
+from jaxfog import _machine
 
 import jaxfog as jf
 import jaxfog.topology as T

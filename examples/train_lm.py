@@ -84,18 +84,14 @@ import numpy as np
 import optax
 from flax import nnx
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
+from train_digits import Progress, Traffic, compressor  # beside this script
 
-import _machine  # noqa: E402
-from train_digits import Progress, Traffic, compressor  # noqa: E402
-
-import jaxfog as jf  # noqa: E402
-import jaxfog.asynchrony as jfa  # noqa: E402
-import jaxfog.compress as C  # noqa: E402
-import jaxfog.optax as jfo  # noqa: E402
-import jaxfog.topology as T  # noqa: E402
+import jaxfog as jf
+import jaxfog.asynchrony as jfa
+import jaxfog.compress as C
+import jaxfog.optax as jfo
+import jaxfog.topology as T
+from jaxfog import _machine
 
 VOCABULARY = 256  # bytes
 METHODS = ("allreduce", "atc", "tracking", "choco", "diloco", "diloco-compressed",
