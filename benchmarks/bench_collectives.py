@@ -27,9 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxfog import _machine
-
 import jaxfog as jf
+from jaxfog import _machine
 
 jf.init()
 from mpi4py import MPI  # noqa: E402  (after init: jaxfog picks the MPI library)
