@@ -79,19 +79,26 @@ def check_chain(optimizer: optax.GradientTransformation) -> None:
     :func:`jaxfog.asynchrony.from_optax` calls it; call it on your own
     optimizer where you build one.
 
-    It reads the chain's state: ``optimizer.init`` on a scalar, with the
-    mixing transformations' inits replaced by markers. Chains inside other
+    It reads the chain's state: ``optimizer.init`` on a scalar, traced (no
+    JAX backend is started), with the mixing transformations' inits replaced
+    by markers. Chains inside other
     wrappers (``optax.partition``, ``optax.masked``, ...) are not looked
     into, and an optimizer whose init fails on a scalar is not checked."""
     V.transformation("jaxfog.optax.check_chain", "optimizer", optimizer)
+    states = []
+
+    def probe(params):  # traced only: no array is made, no backend started
+        states.append(optimizer.init(params))
+        return ()
+
     token = _PROBING.set(True)
     try:
-        state = optimizer.init(jnp.zeros([], jnp.float32))
+        jax.eval_shape(probe, jax.ShapeDtypeStruct((), jnp.float32))
     except Exception:  # noqa: BLE001 (a structured init: not checked, as documented)
         return
     finally:
         _PROBING.reset(token)
-    members = _members(state)
+    members = _members(states[0])
     for k, member in enumerate(members[:-1]):
         if isinstance(member, _Mixing):
             name = member.name
