@@ -318,8 +318,8 @@ def _fragment_finish(s: _Settings, frag: _Fragment) -> _Fragment:
     return lax.cond(frag.pending, functools.partial(_end_exchange, s), _nothing, frag)
 
 
-def _fragments_step(s: _Settings, theta: Tree, state: StreamingDiLoCoState, *,
-                    inner_step: bool) -> tuple[Tree, StreamingDiLoCoState]:
+def _all_fragments(s: _Settings, theta: Tree, state: StreamingDiLoCoState, *,
+                   inner_step: bool) -> tuple[Tree, StreamingDiLoCoState]:
     """Runs every fragment's branch for this step (``inner_step``) or, for
     ``finish``, the finish branch of every fragment in flight."""
     frags = _assignment(theta, s.fragments, s.fragment_of)
@@ -379,14 +379,14 @@ class _Update:
         need_params("streaming_diloco", params)
         u, inner_state = s.inner.update(grads, state.inner, params, **extra)
         theta = optax.apply_updates(params, u)
-        theta, state = _fragments_step(s, theta, state, inner_step=True)
+        theta, state = _all_fragments(s, theta, state, inner_step=True)
         updates = jax.tree.map(lambda a, b: a - b, theta, params)
         return updates, state._replace(inner=inner_state, count=state.count + 1)
 
     def finish(self, state: StreamingDiLoCoState, params: Tree
                ) -> tuple[Tree, StreamingDiLoCoState]:
         need_params("streaming_diloco", params)
-        theta, state = _fragments_step(self.settings, params, state, inner_step=False)
+        theta, state = _all_fragments(self.settings, params, state, inner_step=False)
         return jax.tree.map(lambda a, b: a - b, theta, params), state
 
 
