@@ -31,7 +31,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "scripts"))
 sys.path.insert(0, str(HERE.parent / "examples"))
-sys.path.insert(0, str(HERE))
 
 #: What every rank runs: one list of methods, trained one after the other.
 METHODS = ("allreduce", "atc exponential", "awc exponential", "atc one-peer", "awc one-peer",
@@ -260,7 +259,7 @@ def describe(args, hosts: int, model_mb: float | None) -> tuple[str, str, str]:
 
 
 def write(results: dict, args, hosts: int, model_mb: float | None) -> None:
-    import _machine
+    from jaxfog import _machine
 
     stem = f"cluster_training_{'lm_' if args.model == 'lm' else ''}{hosts}hosts"
     out = HERE / "results" / stem

@@ -35,7 +35,6 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
-sys.path.insert(0, str(HERE))
 
 import jaxfog as jf  # noqa: E402
 
@@ -48,7 +47,7 @@ import optax  # noqa: E402
 
 import jaxfog.optax as jfo  # noqa: E402
 import jaxfog.topology as T  # noqa: E402
-from _machine import cpu  # noqa: E402
+from jaxfog._machine import cpu  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()

@@ -45,8 +45,8 @@ LAYERS = [
      ["jaxfog.compress.*", "jaxfog.optax.*", "jaxfog.asynchrony", "jaxfog.checkpoint"]),
     ("the package's public names (lazy)",
      ["jaxfog"]),
-    ("tools: the jaxfog command, the timeline, the multi-rank test harness",
-     ["jaxfog.timeline", "jaxfog.testing", "jaxfog.cli.*"]),
+    ("tools: the jaxfog command, the timeline, the multi-rank test harness, the machine line",
+     ["jaxfog.timeline", "jaxfog.testing", "jaxfog._machine", "jaxfog.cli.*"]),
 ]
 # layers-end
 
