@@ -7,7 +7,11 @@ traces, each op lowers here, with no FFI and no MPI:
   each offset is one ``lax.ppermute`` (a cyclic shift of the agents), scaled
   by the per-agent weight column (zero where there is no edge). A circulant
   graph (ring, exponential) costs one ppermute per neighbour; under vmap each
-  is a fused row gather, so the whole step reads every neighbour row once. A
+  is a fused row gather, walked row by row, so a neighbour's row is reused
+  from cache only while it is still there (on a GPU at d = 1e7 the step reads
+  in-degree + 1 copies of X). ``JAXFOG_SIM_MIXING`` picks a column-tiled Pallas
+  kernel instead that reads X about once (``_tiled``: by default on a GPU for
+  large leaves; the gather path stays the default on CPU and is the oracle). A
   ``Schedule`` with a traced step is a ``lax.switch`` over its entries, so
   only the current entry's exchanges run.
 * ``allreduce``: ``psum``; ``broadcast``: ``psum`` of the root's value;
@@ -35,10 +39,18 @@ from jaxfog import _context
 from jaxfog import topology as T
 from jaxfog.ops import _args, _plan
 from jaxfog.ops._backends import _numerics
-from jaxfog.simulation import _clock, _windows
+from jaxfog.simulation import _clock, _tiled, _windows
 
 
 def _mix_leaf(x, w: np.ndarray, sim: _context.Simulation, self_weight: Any = None):
+    """Row ``rank`` of ``W @ X`` for one leaf: the column-tiled kernel where
+    ``_tiled.wanted`` (``JAXFOG_SIM_MIXING``), else :func:`_gather_leaf`."""
+    if _tiled.wanted(x, sim, self_weight):
+        return _tiled.mix_leaf(x, w, sim, functools.partial(_gather_leaf, sim=sim))
+    return _gather_leaf(x, w, sim, self_weight)
+
+
+def _gather_leaf(x, w: np.ndarray, sim: _context.Simulation, self_weight: Any = None):
     """Row ``rank`` of ``W @ X`` for one leaf, with one ppermute per offset
     (``self_weight``: this agent's traced self weight instead of W's diagonal)."""
     n, i = sim.size, sim.rank
