@@ -46,7 +46,9 @@ def _mix_leaf(x, w: np.ndarray, sim: _context.Simulation, self_weight: Any = Non
     """Row ``rank`` of ``W @ X`` for one leaf: the column-tiled kernel where
     ``_tiled.wanted`` (``JAXFOG_SIM_MIXING``), else :func:`_gather_leaf`."""
     if _tiled.wanted(x, sim, self_weight):
-        return _tiled.mix_leaf(x, w, sim, functools.partial(_gather_leaf, sim=sim))
+        return _tiled.mix_leaf(x, sim, _tiled.table(w), _tiled.table(w.T),
+                               functools.partial(_gather_leaf, w=w, sim=sim),
+                               functools.partial(_gather_leaf, w=w.T, sim=sim))
     return _gather_leaf(x, w, sim, self_weight)
 
 
@@ -69,6 +71,22 @@ def _gather_leaf(x, w: np.ndarray, sim: _context.Simulation, self_weight: Any = 
             shifted = sim.ppermute(xs, perm)
             out = out + jnp.asarray(column)[i].astype(acc) * shifted
         return _numerics.finish(out, x.dtype)
+
+
+def _hierarchical_leaf(x, wm: np.ndarray, sim: _context.Simulation):
+    """This agent's machine mean (ppermutes inside its machine), then the
+    machine topology ``wm`` between machines (ppermutes by whole machines)."""
+    n, size_l = sim.size, sim.local_size
+    with _numerics.accumulating(x.dtype) as acc:
+        xs = x.astype(acc)
+        total = xs
+        for shift in range(1, size_l):  # each agent collects its machine's values
+            perm = [(int(r), int(r - r % size_l + (r % size_l + shift) % size_l))
+                    for r in range(n)]
+            total = total + sim.ppermute(xs, perm)
+        # Rounded like the C++ path's machine mean (an allreduce) for integers.
+        mean = _numerics.finish(total / size_l, x.dtype)
+    return _gather_leaf(mean, np.kron(wm, np.eye(size_l)), sim)  # machine m' -> m, same l
 
 
 def _mix(leaves: list, w: np.ndarray, sim: _context.Simulation, self_weight: Any = None) -> list:
@@ -336,20 +354,17 @@ class SimulatedBackend:
                                 "over machines), not traced values")
             wm = mixing.static
         _clock.synchronize()
-        n, size_l = sim.size, sim.local_size
-        w = np.kron(wm, np.eye(size_l))  # machine m' -> m, same l
         outs = []
         for x in leaves:
-            with _numerics.accumulating(x.dtype) as acc:
-                xs = x.astype(acc)
-                total = xs
-                for shift in range(1, size_l):  # each agent collects its machine's values
-                    perm = [(int(r), int(r - r % size_l + (r % size_l + shift) % size_l))
-                            for r in range(n)]
-                    total = total + sim.ppermute(xs, perm)
-                # Rounded like the C++ path's machine mean (an allreduce) for integers.
-                mean = _numerics.finish(total / size_l, x.dtype)
-            outs.append(_mix_leaf(mean, w, sim))
+            if _tiled.wanted(x, sim, None):
+                size_l = sim.local_size
+                outs.append(_tiled.mix_leaf(
+                    x, sim, _tiled.machine_table(wm, size_l),
+                    _tiled.machine_table(wm.T, size_l),
+                    functools.partial(_hierarchical_leaf, wm=wm, sim=sim),
+                    functools.partial(_hierarchical_leaf, wm=wm.T, sim=sim)))
+            else:
+                outs.append(_hierarchical_leaf(x, wm, sim))
         return outs
 
     def neighbor_allgather(self, leaves: list, args: _args.NeighborAllgather) -> list:

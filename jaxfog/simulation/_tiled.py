@@ -113,7 +113,7 @@ def _on_gpu() -> bool:
 def wanted(x: Any, sim: Any, self_weight: Any) -> bool:
     """Whether this leaf's mixing takes the tiled path."""
     chosen = mode()
-    if chosen == "gather" or self_weight is not None or sim.inner_axis is not None:
+    if chosen == "gather" or self_weight is not None or sim.on_mesh:
         return False
     if chosen == "tiled":
         return True
@@ -138,13 +138,26 @@ def _table_cached(data: bytes, n: int) -> tuple[np.ndarray, np.ndarray]:
         s = s + [(i, 0.0)] * (slots - len(s))  # padding: this row, weight 0
         src[i] = [j for j, _ in s]
         wt[i] = [v for _, v in s]
+    src.flags.writeable = wt.flags.writeable = False
     return src, wt
 
 
 def table(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(src, wt), each (n, slots): row i's sources and their weights in W."""
+    """(src, wt), each (n, slots): row i's sources and their weights in W, in
+    the gather path's order (slot 0: i itself; padding: i with weight 0)."""
     w = np.ascontiguousarray(w, np.float64)
     return _table_cached(w.tobytes(), w.shape[0])
+
+
+def machine_table(wm: np.ndarray, local_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The hierarchical form's (src (n, slots, local_size), wt (n, slots)): row
+    i's slots are those of ``kron(wm, I)``, each the mean of source j's
+    machine, whose members are listed in the gather path's order (j, then
+    its machine's agents at local offsets 1, 2, ...)."""
+    src, wt = table(np.kron(wm, np.eye(local_size)))
+    base, local = src - src % local_size, src % local_size
+    shifts = np.arange(local_size)
+    return (base[..., None] + (local[..., None] - shifts) % local_size).astype(np.int32), wt
 
 
 def _round_half_even(v):
@@ -155,29 +168,42 @@ def _round_half_even(v):
     return jnp.where((frac > 0.5) | ((frac == 0.5) & (odd == 1)), r + 1, r)
 
 
-def _kernel(src_ref, wt_ref, x_ref, o_ref, *, slots: int, d: int, tile: int, acc: Any,
-            integer: bool):
+def _kernel(src_ref, wt_ref, x_ref, o_ref, *, slots: int, members: int, d: int, tile: int,
+            acc: Any, integer: bool):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plt
 
     i, c = pl.program_id(0), pl.program_id(1)
     mask = c * tile + jnp.arange(tile, dtype=jnp.int32) < d
+
+    def finish(v):  # _numerics.finish, back to the accumulation type
+        return (_round_half_even(v) if integer else v).astype(o_ref.dtype)
+
+    def load(*index):
+        return plt.load(x_ref.at[src_ref[index], pl.ds(0, tile)], mask=mask,
+                        other=0).astype(acc)
+
     total = None
     for k in range(slots):  # static: slot 0 (the agent itself) first, as the gather path
-        v = plt.load(x_ref.at[src_ref[i, k], pl.ds(0, tile)], mask=mask, other=0)
-        term = wt_ref[i, k] * v.astype(acc)
+        if members == 1:
+            v = load(i, k)
+        else:  # a machine's mean, stored back as the leaf's type
+            v = load(i, k, 0)
+            for m in range(1, members):
+                v = v + load(i, k, m)
+            v = finish(v / members).astype(acc)
+        term = wt_ref[i, k] * v
         total = term if total is None else total + term
-    if integer:
-        total = _round_half_even(total)
-    plt.store(o_ref.at[pl.ds(0, tile)], total.astype(o_ref.dtype), mask=mask)
+    plt.store(o_ref.at[pl.ds(0, tile)], finish(total), mask=mask)
 
 
-def mix_stacked(xs, w: np.ndarray, *, interpret: bool | None = None, tile: int | None = None):
+def mix_stacked(xs, src: np.ndarray, wt: np.ndarray, *, interpret: bool | None = None,
+                tile: int | None = None):
     """``W @ X`` for stacked ``xs`` (n, ...) with the kernel, in ``_numerics``' arithmetic.
 
-    ``interpret``: Pallas' interpreter (default: off a GPU); ``tile``: columns per
-    program (a power of 2; default ``GPU_TILE`` compiled, ``INTERPRET_TILE``
-    interpreted)."""
+    ``(src, wt)``: :func:`table` or :func:`machine_table`; ``interpret``:
+    Pallas' interpreter (default: off a GPU); ``tile``: columns per program (a
+    power of 2; default ``GPU_TILE`` compiled, ``INTERPRET_TILE`` interpreted)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plt
 
@@ -189,17 +215,17 @@ def mix_stacked(xs, w: np.ndarray, *, interpret: bool | None = None, tile: int |
     d = math.prod(shape[1:])
     if d == 0 or n == 0:
         return xs
-    src, wt = table(w)
     with _numerics.accumulating(xs.dtype) as acc:
-        kernel = functools.partial(_kernel, slots=src.shape[1], d=d, tile=tile, acc=acc,
-                                   integer=bool(jnp.issubdtype(xs.dtype, jnp.integer)))
-        whole = lambda i, c: (0, 0)  # noqa: E731
+        kernel = functools.partial(
+            _kernel, slots=src.shape[1], members=src.shape[2] if src.ndim == 3 else 1, d=d,
+            tile=tile, acc=acc, integer=bool(jnp.issubdtype(xs.dtype, jnp.integer)))
         out = pl.pallas_call(
             kernel,
             # Rows are grid axis 0, Triton's program_id(0): the fastest, so one
             # column tile's rows run together while that tile of X is in L2.
             grid=(n, pl.cdiv(d, tile)),
-            in_specs=[pl.BlockSpec(src.shape, whole), pl.BlockSpec(wt.shape, whole),
+            in_specs=[pl.BlockSpec(src.shape, lambda i, c: (0,) * src.ndim),
+                      pl.BlockSpec(wt.shape, lambda i, c: (0, 0)),
                       pl.BlockSpec((n, tile), lambda i, c: (0, c))],
             out_specs=pl.BlockSpec((None, tile), lambda i, c: (i, c)),
             out_shape=jax.ShapeDtypeStruct((n, d), xs.dtype),
@@ -211,7 +237,7 @@ def mix_stacked(xs, w: np.ndarray, *, interpret: bool | None = None, tile: int |
     return out.reshape(shape)
 
 
-def _per_agent(w: np.ndarray, n: int, gather: Callable) -> Callable:
+def _per_agent(tables: tuple[np.ndarray, np.ndarray], n: int, gather: Callable) -> Callable:
     """(x, rank) -> this agent's row of W @ X: the kernel on the agents' axis."""
 
     @jax.custom_batching.custom_vmap
@@ -232,30 +258,31 @@ def _per_agent(w: np.ndarray, n: int, gather: Callable) -> Callable:
             return jnp.moveaxis(mix(jnp.moveaxis(x, 0, -1), rank), -1, 0), True
         if not x_batched:  # the same value on every agent
             x = jnp.broadcast_to(x, (n, *x.shape))
-        return mix_stacked(x, w), True
+        return mix_stacked(x, *tables), True
 
     return mix
 
 
-def mix_leaf(x, w: np.ndarray, sim: Any, gather: Callable[[Any, np.ndarray], Any]):
-    """Row ``sim.rank`` of ``W @ X`` by the kernel; ``gather(x, w)``: today's path
-    (the per-agent form, and the oracle)."""
+def mix_leaf(x, sim: Any, forward: tuple[np.ndarray, np.ndarray],
+             backward: tuple[np.ndarray, np.ndarray], gather: Callable, gather_t: Callable):
+    """This agent's row of the mixing by the kernel: ``forward`` its tables,
+    ``backward`` the transpose's; ``gather``/``gather_t``: the same by today's
+    path (per agent: the form that only shapes are taken from)."""
     n = sim.size
-    forward = _per_agent(w, n, lambda v: gather(v, w))
+    mix = _per_agent(forward, n, gather)
     if not jnp.issubdtype(x.dtype, jnp.inexact):
-        return forward(x, sim.rank)
-    wt = np.ascontiguousarray(np.asarray(w, np.float64).T)
-    backward = _per_agent(wt, n, lambda v: gather(v, wt))
+        return mix(x, sim.rank)
+    mix_t = _per_agent(backward, n, gather_t)
 
     @jax.custom_vjp
     def mixed(x, rank):
-        return forward(x, rank)
+        return mix(x, rank)
 
     def fwd(x, rank):
-        return forward(x, rank), rank
+        return mix(x, rank), rank
 
     def bwd(rank, ct):  # the transpose of averaging with W is averaging with W^T
-        return backward(ct, rank), None
+        return mix_t(ct, rank), None
 
     mixed.defvjp(fwd, bwd)
     return mixed(x, sim.rank)
