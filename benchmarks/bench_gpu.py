@@ -4,8 +4,11 @@
                                    [--short] [--platform cuda|cpu] [--sizes BYTES...]
 
 1. The simulation backend on the GPU: ``bench_simulate.py`` with n = 16 to
-   1024 agents and d = 1e4 to 1e7 (against a jitted device copy and dense
-   ``W @ X`` in the same run).
+   1024 agents and d = 1e4 to 1e7, each row on today's gather path and on the
+   column-tiled Pallas kernel (``JAXFOG_SIM_MIXING``, issue 45), against a
+   jitted device copy (the one-read-one-write bound) and dense ``W @ X`` in the
+   same run; the exponential graph and the ring, and with the full grid also
+   a one-peer schedule entry and a random regular graph of degree 4.
 2. Exchange bandwidth, 1 KB to 256 MB per message: NCCL and host-staged MPI
    (``jaxfog.allgather`` and, with two or more ranks, ``neighbor_allgather``)
    against a jitted device copy and a host round trip (device to pinned host
@@ -194,7 +197,8 @@ def main() -> int:
         grid = (["--agents", "16", "128", "1024", "--dims", "1e4", "1e6", "1e7",
                  "--max-elements", "1.1e9"] if args.short else
                 ["--agents", "16", "32", "64", "128", "256", "512", "1024",
-                 "--dims", "1e4", "1e5", "1e6", "1e7", "--max-elements", "2.6e9"])
+                 "--dims", "1e4", "1e5", "1e6", "1e7", "--max-elements", "2.6e9",
+                 "--graphs", "exponential", "ring", "one-peer", "regular4"])
         failed |= subprocess.run([sys.executable, str(HERE / "bench_simulate.py"),
                                   *grid]).returncode
     if args.part in ("all", "exchange"):

@@ -5,6 +5,9 @@ its Triton lowering built for CUDA without a GPU. Its speed is the GPU check's
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,22 +17,12 @@ import jaxfog as jf
 import jaxfog.topology as T
 from jaxfog.simulation import _tiled
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_simulate import random_regular  # noqa: E402  (in- and out-degree 4)
+
 pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical]
 
 D = 300  # not a multiple of the interpreter's 128-column tile: a ragged last tile
-
-
-def random_regular(n: int, degree: int = 4, seed: int = 0) -> T.Topology:
-    """Every agent receives from ``degree`` others and sends to as many: the
-    union of random fixed-point-free permutations that share no edge."""
-    rng = np.random.default_rng(seed)
-    w = np.eye(n)
-    while (w > 0).sum() < n * (degree + 1):
-        p = rng.permutation(n)
-        if (p == np.arange(n)).any() or (w[np.arange(n), p] > 0).any():
-            continue
-        w[np.arange(n), p] = 1.0
-    return T.from_weights(w / (degree + 1))
 
 
 GRAPHS = {
