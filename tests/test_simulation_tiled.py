@@ -167,6 +167,8 @@ def test_hierarchical_form():
     ints = np.random.default_rng(9).integers(-99, 99, (n, 11)).astype(np.int32)
     tiled, gather = both(jf.hierarchical_neighbor_allreduce, n, ints, local_size=local)
     np.testing.assert_array_equal(tiled, gather)
+    tiled, gather = both(jf.hierarchical_neighbor_allreduce, 4, ints[:4], local_size=1)
+    np.testing.assert_array_equal(tiled, gather)  # one agent a machine
 
     def loss(x):
         return jnp.sum(jnp.sin(jf.simulate(jf.hierarchical_neighbor_allreduce, n,

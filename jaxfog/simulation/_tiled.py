@@ -115,6 +115,8 @@ def wanted(x: Any, sim: Any, self_weight: Any) -> bool:
     chosen = mode()
     if chosen == "gather" or self_weight is not None or sim.on_mesh:
         return False
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
+        return False  # bool, complex: the gather path
     if chosen == "tiled":
         return True
     size = math.prod(jnp.shape(x)) * jnp.dtype(x.dtype).itemsize * sim.size
@@ -124,20 +126,16 @@ def wanted(x: Any, sim: Any, self_weight: Any) -> bool:
 @functools.lru_cache(maxsize=256)
 def _table_cached(data: bytes, n: int) -> tuple[np.ndarray, np.ndarray]:
     w = np.frombuffer(data, np.float64).reshape(n, n)
-    rows = np.arange(n)
-    # The offsets the gather path visits: those with some nonzero weight.
-    offsets = [o for o in range(1, n) if w[rows, (rows - o) % n].any()]
-    sources = []
-    for i in range(n):
-        sources.append([(i, w[i, i])] + [((i - o) % n, w[i, (i - o) % n]) for o in offsets
-                                         if w[i, (i - o) % n] != 0])
-    slots = max(len(s) for s in sources)
-    src = np.empty((n, slots), np.int32)
+    edges = (w != 0) & ~np.eye(n, dtype=bool)
+    slots = 1 + int(edges.sum(axis=1).max(initial=0))
+    src = np.repeat(np.arange(n, dtype=np.int32)[:, None], slots, axis=1)  # padding: i, 0
     wt = np.zeros((n, slots), np.float64)
-    for i, s in enumerate(sources):
-        s = s + [(i, 0.0)] * (slots - len(s))  # padding: this row, weight 0
-        src[i] = [j for j, _ in s]
-        wt[i] = [v for _, v in s]
+    wt[:, 0] = np.diag(w)
+    for i in range(n):
+        js = np.flatnonzero(edges[i])
+        js = js[np.argsort((i - js) % n, kind="stable")]  # by rank offset, as gathered
+        src[i, 1:1 + len(js)] = js
+        wt[i, 1:1 + len(js)] = w[i, js]
     src.flags.writeable = wt.flags.writeable = False
     return src, wt
 
@@ -155,6 +153,8 @@ def machine_table(wm: np.ndarray, local_size: int) -> tuple[np.ndarray, np.ndarr
     machine, whose members are listed in the gather path's order (j, then
     its machine's agents at local offsets 1, 2, ...)."""
     src, wt = table(np.kron(wm, np.eye(local_size)))
+    if local_size == 1:  # a machine's mean is its one agent's value
+        return src, wt
     base, local = src - src % local_size, src % local_size
     shifts = np.arange(local_size)
     return (base[..., None] + (local[..., None] - shifts) % local_size).astype(np.int32), wt
