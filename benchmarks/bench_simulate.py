@@ -157,11 +157,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"simulate_{device.platform}"
     lines = [f"# simulate(neighbor_allreduce), {device.platform}", "", f"Machine: {machine}", "",
-             "Bound = one read and one write of the n x d float32 values (a jitted copy "
-             "in the same run); % of bound = bound / the path's time. gather: today's "
-             "path (JAXFOG_SIM_MIXING=gather, ppermute rows); tiled: the column-tiled "
-             "Pallas kernel (JAXFOG_SIM_MIXING=tiled; '-': not timed, as off a GPU). "
-             "Dense W@X in HIGHEST precision. Medians of 7 blocking calls.", "", header,
+             ("Bound = one read and one write of the n x d float32 values (a jitted copy "
+              "in the same run); % of bound = bound / the path's time. gather: today's "
+              "path (JAXFOG_SIM_MIXING=gather, ppermute rows); tiled: the column-tiled "
+              "Pallas kernel (JAXFOG_SIM_MIXING=tiled; '-': not timed, as off a GPU). "
+              "Dense W@X in HIGHEST precision. Medians of 7 blocking calls."), "", header,
              "|---" * 12 + "|", *map(_line, rows)]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     stem.with_suffix(".json").write_text(json.dumps({"machine": machine, "rows": rows},

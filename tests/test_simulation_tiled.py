@@ -18,7 +18,7 @@ import jaxfog.topology as T
 from jaxfog.simulation import _tiled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_simulate import random_regular  # noqa: E402  (in- and out-degree 4)
+from bench_simulate import random_regular  # in- and out-degree 4
 
 pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical]
 
@@ -220,7 +220,8 @@ def test_triton_lowering_builds_without_a_gpu(dtype):
               _tiled.machine_table(T.exponential(3).weights, 2)]
     with jax.enable_x64(dtype == jnp.int32):
         for src, wt in tables:
-            lowered = jax.jit(lambda x: _tiled.mix_stacked(x, src, wt, interpret=False)).trace(
+            lowered = jax.jit(lambda x, src=src, wt=wt: _tiled.mix_stacked(
+                x, src, wt, interpret=False)).trace(
                 jax.ShapeDtypeStruct((n, 3000), dtype)).lower(lowering_platforms=("cuda",))
             text = lowered.as_text()
             assert "xla.gpu.triton" in text and "grid_x = 6" in text  # rows: program_id(0)
