@@ -1,7 +1,7 @@
 """The simulation backend's neighbor averaging against the memory bound and dense W @ X.
 
     python benchmarks/bench_simulate.py [--agents N...] [--dims D...]
-        [--graphs exponential ring one-peer regular4] [--paths gather tiled]
+        [--graphs exponential ring one-peer regular4] [--paths gather tiled] [--tile N]
 
 For n agents x d float32 values on each graph (the exponential graph, the
 ring, one entry of the one-peer exponential schedule, a random regular graph
@@ -31,6 +31,7 @@ import numpy as np
 
 import jaxfog as jf
 import jaxfog.topology as T
+from jaxfog.simulation import _tiled
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -97,8 +98,6 @@ def _line(r: dict) -> str:
 def _compiled(topology, path: str, x):
     """The jitted step on one mixing path, compiled for ``x`` (the switch is
     read when the simulation is traced)."""
-    from jaxfog.simulation import _tiled
-
     with _tiled.forcing(path):
         return jax.jit(jf.simulate(jf.neighbor_allreduce, topology)).lower(x).compile()
 
@@ -116,7 +115,12 @@ def main() -> None:
                         help="mixing paths to time (default: both on a GPU, gather elsewhere: "
                              "off a GPU the tiled kernel runs in Pallas' interpreter)")
     parser.add_argument("--out", default=str(RESULTS), help="where the table and JSON go")
+    parser.add_argument("--tile", type=int, default=None,
+                        help="the tiled kernel's columns per program on a GPU (a power of 2; "
+                             "default jaxfog.simulation._tiled.GPU_TILE)")
     args = parser.parse_args()
+    if args.tile is not None:
+        _tiled.GPU_TILE = args.tile
     device = jax.devices()[0]
     paths = args.paths or (["gather", "tiled"] if device.platform == "gpu" else ["gather"])
     rows = []
@@ -152,7 +156,9 @@ def main() -> None:
                 rows.append(row)
                 print(_line(row), flush=True)
     machine = (f"{device.device_kind} ({device.platform}); {os.cpu_count()} host cores; "
-               f"{platform.system()} {platform.release()}; jax {jax.__version__}")
+               f"{platform.system()} {platform.release()}; jax {jax.__version__}; "
+               "tiled kernel: " + (f"{_tiled.GPU_TILE} columns a program" if
+                                   device.platform == "gpu" else "Pallas' interpreter"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"simulate_{device.platform}"
