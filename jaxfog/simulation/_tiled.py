@@ -41,12 +41,16 @@ Chosen by ``JAXFOG_SIM_MIXING`` (read when a simulation is traced):
   untouched.
 
 Only a static W takes the tiled path (neighbor_allreduce on a Topology or a
-Schedule entry, a static local view, the hierarchical form's machine step);
-a traced self weight, traced weights, simulations over a mesh, and the
-one-sided windows keep the gather path. GPU speed is NOT yet measured: the
-kernel was checked against numpy and the gather path in interpret mode on CPU,
-and its Triton lowering was built on CPU; ``benchmarks/bench_gpu.py --part
-simulate`` reports it beside the gather path, the bound and dense W @ X.
+Schedule entry, a static local view, the optimizers that call it, and the
+hierarchical form: machine means, stored back as the leaf's type, then
+``kron(wm, I)``, in one kernel); a traced self weight, traced weights,
+simulations over a mesh, bool and complex leaves, and the one-sided windows
+keep the gather path. GPU speed is NOT yet measured: the kernel was checked
+against numpy and the gather path in Pallas' interpreter on CPU, and its
+Triton lowering was built on CPU (not compiled by ptxas nor run);
+``benchmarks/bench_gpu.py --part simulate`` reports it beside the gather path,
+the bound and dense W @ X, and ``AUTO_MIN_BYTES`` and ``GPU_TILE`` are guesses
+until it has run.
 """
 
 from __future__ import annotations
