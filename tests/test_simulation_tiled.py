@@ -213,6 +213,19 @@ def test_the_switch(monkeypatch):
         x, self_weight=s, src_weights=np.full((n, n), 0.1)), n), X, np.ones(n, np.float32))
 
 
+def test_explicit_meshes_keep_the_gather_path():
+    """Pallas takes no sharding-typed operands: under jax.set_mesh with an
+    Explicit axis (tests/test_mesh.py's case) the gather path runs."""
+    n = 4
+    X = np.random.default_rng(10).standard_normal((n, 6)).astype(np.float32)
+    mesh = jax.make_mesh((1,), ("agents",), axis_types=(jax.sharding.AxisType.Explicit,))
+    with _tiled.forcing("tiled"), jax.set_mesh(mesh):
+        step = jf.simulate(jf.neighbor_allreduce, n)
+        assert not _uses_kernel(step, X)
+        np.testing.assert_allclose(jax.jit(step)(X), T.exponential(n).weights @ X, rtol=1e-5,
+                                   atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32])
 def test_triton_lowering_builds_without_a_gpu(dtype):
     n = 6

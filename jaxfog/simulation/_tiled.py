@@ -45,7 +45,8 @@ Schedule entry, a static local view, the optimizers that call it, and the
 hierarchical form: machine means, stored back as the leaf's type, then
 ``kron(wm, I)``, in one kernel); a traced self weight, traced weights,
 simulations over a mesh, bool and complex leaves, and the one-sided windows
-keep the gather path. GPU speed is NOT yet measured: the kernel was checked
+keep the gather path, as do values traced under a mesh with Explicit axes
+(``jax.set_mesh``: Pallas takes no sharding-typed operands). GPU speed is NOT yet measured: the kernel was checked
 against numpy and the gather path in Pallas' interpreter on CPU, and its
 Triton lowering was built on CPU (not compiled by ptxas nor run);
 ``benchmarks/bench_gpu.py --part simulate`` reports it beside the gather path,
@@ -115,6 +116,16 @@ def _on_gpu() -> bool:
     return jax.default_backend() == "gpu"
 
 
+def _explicit_sharding(x: Any) -> bool:
+    """Whether ``x`` is traced under a mesh with Explicit axes (``jax.set_mesh``,
+    or sharded arguments): sharding-typed values Pallas does not take."""
+    from jax.sharding import AxisType
+
+    meshes = [jax.sharding.get_abstract_mesh(), getattr(jax.typeof(x).sharding, "mesh", None)]
+    return any(m is not None and not m.empty and AxisType.Explicit in m.axis_types
+               for m in meshes)
+
+
 def wanted(x: Any, sim: Any, self_weight: Any) -> bool:
     """Whether this leaf's mixing takes the tiled path."""
     chosen = mode()
@@ -122,6 +133,8 @@ def wanted(x: Any, sim: Any, self_weight: Any) -> bool:
         return False
     if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
         return False  # bool, complex: the gather path
+    if _explicit_sharding(x):
+        return False  # the kernel takes no sharded operands: the gather path
     if chosen == "tiled":
         return True
     size = math.prod(jnp.shape(x)) * jnp.dtype(x.dtype).itemsize * sim.size
