@@ -17,9 +17,9 @@ import numpy as np
 from jaxfog import ffi, runtime
 from jaxfog.errors import JaxfogTimeoutError
 from jaxfog import topology as T
-from jaxfog.ops import _args, _nonblocking, _plan
-from jaxfog.ops._nonblocking import Call, StartedCall
-from jaxfog.ops import _primitives as P
+from jaxfog.ops import _args, _call, _plan
+from jaxfog.ops._call import Call, StartedCall
+from jaxfog.ops import _op_primitives as P
 from jaxfog.ops._backends import mpi_windows
 
 
@@ -228,10 +228,10 @@ class MpiBackend:
         build = getattr(self, "_" + op, None)
         if build is None:
             raise NotImplementedError(f"jaxfog.{op} has no nonblocking form")
-        return _nonblocking.start_call(build(*inputs))
+        return _call.start_call(build(*inputs))
 
-    wait = staticmethod(_nonblocking.wait_call)
-    poll = staticmethod(_nonblocking.poll_call)
+    wait = staticmethod(_call.wait_call)
+    poll = staticmethod(_call.poll_call)
 
     _win_put = staticmethod(mpi_windows.win_put_call)
     _win_get = staticmethod(mpi_windows.win_get_call)
