@@ -63,7 +63,8 @@ def test_push_sum_is_the_deprecated_name_of_async_push_sum():
         old = jfa.push_sum
     assert old is jfa.async_push_sum
     with pytest.warns(FutureWarning):
-        from jaxfog.asynchrony import push_sum  # noqa: F401
+        from jaxfog.asynchrony import push_sum
+    assert push_sum is old
     assert "push_sum" not in jfa.__all__
     with pytest.raises(AttributeError):
         jfa.no_such_trainer

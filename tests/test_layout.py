@@ -177,6 +177,20 @@ def test_public_names_resolve_and_backends_implement_every_op():
     for backend in (backends.mpi.MpiBackend, SimulatedBackend):
         missing = {op for op in ops if not callable(getattr(backend, op, None))}
         assert not missing, f"{backend.__name__} lacks {sorted(missing)}"
+        # One class per concern (Ops, Windows, TrainingLoop, SharedValues),
+        # each implementing its protocol, and the backend their union.
+        assert len(backend.__bases__) == len(backends.CONCERNS), backend.__bases__
+        for concern, part in zip(backends.CONCERNS, backend.__bases__):
+            names = {n for n in vars(concern) if not n.startswith("_")}
+            missing = {n for n in names if not callable(getattr(part, n, None))}
+            assert not missing, f"{part.__name__} ({concern.__name__}) lacks {sorted(missing)}"
+    # The ops that start: one table per backend, keyed alike, naming every
+    # nonblocking form's op.
+    from jaxfog.simulation import _backend as simulated
+    assert set(backends.mpi.CALLS) == set(simulated.STARTS)
+    nonblocking = {op.removesuffix("_nonblocking") for op, family in jaxfog.ops.OPS.items()
+                   if op.endswith("_nonblocking")}
+    assert nonblocking - {"win_accumulate"} == set(backends.mpi.CALLS)
 
 
 

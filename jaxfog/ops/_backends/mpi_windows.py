@@ -412,3 +412,28 @@ def value_compile(name: str) -> None:
         pieces["average"].lower(j).compile()
     with win_mutex(name, [runtime.rank()]):  # and the mutex's own small computations
         pass
+
+
+class MpiWindows:
+    """The windows of the MPI backend (``jaxfog.ops._backends.Windows``): the
+    functions above."""
+
+    win_create = staticmethod(win_create)
+    win_free = staticmethod(win_free)
+    win_put = staticmethod(win_put)
+    win_get = staticmethod(win_get)
+    win_update = staticmethod(win_update)
+    win_version = staticmethod(win_version)
+    win_weight = staticmethod(win_weight)
+    win_mutex = staticmethod(win_mutex)
+
+
+class MpiSharedValues:
+    """AD-PSGD's shared models on the MPI backend
+    (``jaxfog.ops._backends.SharedValues``): a window's published value."""
+
+    value_create = staticmethod(value_create)
+    value_read = staticmethod(value_read)
+    value_add = staticmethod(value_add)
+    value_pair_average = staticmethod(value_pair_average)
+    value_compile = staticmethod(value_compile)
