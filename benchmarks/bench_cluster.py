@@ -16,10 +16,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "scripts"))
-sys.path.insert(0, str(HERE))
-import _machine  # noqa: E402
+
 import netns_cluster  # noqa: E402
 
+from jaxfog import _machine  # noqa: E402
 from jaxfog.testing import launch_environment, run_command  # noqa: E402
 
 METHODS = ("allreduce", "exponential", "one-peer", "one-peer-nonblocking")

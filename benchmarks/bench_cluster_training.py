@@ -31,15 +31,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "scripts"))
 sys.path.insert(0, str(HERE.parent / "examples"))
-sys.path.insert(0, str(HERE))
 
 #: What every rank runs: one list of methods, trained one after the other.
 METHODS = ("allreduce", "atc exponential", "awc exponential", "atc one-peer", "awc one-peer",
            "atc one-peer delay=1", "awc one-peer delay=1", "choco top_k(0.05) exponential",
-           "diloco H=10", "streaming diloco H=10", "noloco H=10")
+           "diloco H=10", "diloco H=50", "streaming diloco H=10", "noloco H=10")
 #: The language model's (examples/train_lm.py's labels, and the delayed one-peer atc).
-LM_METHODS = ("allreduce", "atc exponential", "atc one-peer", "atc one-peer delay=1",
-              "choco top_k(0.05) exponential", "diloco H=10", "diloco H=50",
+LM_METHODS = ("allreduce", "atc exponential", "awc exponential", "atc one-peer",
+              "awc one-peer", "atc one-peer delay=1", "awc one-peer delay=1", "choco top_k(0.05) exponential", "diloco H=10", "diloco H=50",
               "streaming diloco H=10 P=4 tau=1", "noloco H=10")
 #: The language model's target (validation bits per byte): see the table's text.
 LM_TARGET = 3.9
@@ -69,8 +68,10 @@ def make_methods(n: int, lr: float, total_steps: int, names=METHODS):
     for name, make in (("atc", jfo.atc), ("awc", jfo.awc)):
         label = f"{name} one-peer delay=1"
         runs[label] = td.Method(label, make(inner(), topology=one_peer, delay=1), dense(1.0))
-    runs["diloco H=10"] = td.Method("diloco H=10", jfo.diloco(inner(), every=10),
-                                    dense(ring / 10))
+    for every in (10, 50):
+        runs[f"diloco H={every}"] = td.Method(f"diloco H={every}",
+                                              jfo.diloco(inner(), every=every),
+                                              dense(ring / every))
     runs["streaming diloco H=10"] = td.Method(
         "streaming diloco H=10",
         jfo.streaming_diloco(inner(), every=10, fragments=2, delay=1), dense(ring / 10))
@@ -97,11 +98,16 @@ def lm_setup(args, n: int):
     runs = {m.label: m for m in lm.methods(
         n, ["allreduce", "atc", "choco", "diloco", "streaming-diloco", "noloco"], options,
         size.steps)}
-    one_peer = T.one_peer_exponential(n)
-    runs["atc one-peer delay=1"] = lm.Method(
-        "atc one-peer delay=1",
-        jfo.atc(lm.inner_optimizer(options, size.steps), topology=one_peer, delay=1), 1,
-        lambda params: lm.out_degree(one_peer, n) * lm.nbytes(params))
+    graphs = {"exponential": T.exponential(n), "one-peer": T.one_peer_exponential(n)}
+    for label, make, graph, delay in (("awc exponential", jfo.awc, "exponential", 0),
+                                      ("awc one-peer", jfo.awc, "one-peer", 0),
+                                      ("atc one-peer delay=1", jfo.atc, "one-peer", 1),
+                                      ("awc one-peer delay=1", jfo.awc, "one-peer", 1)):
+        topology = graphs[graph]
+        runs[label] = lm.Method(
+            label, make(lm.inner_optimizer(options, size.steps), topology=topology,
+                        delay=delay), 1,
+            lambda params, topology=topology: lm.out_degree(topology, n) * lm.nbytes(params))
     data = lm.corpus(n, size, data_mb=size.data_mb, iid=False, seed=0)
     model = nnx.split(lm.make_model(size, 0), nnx.Param)
     return size, data, model, [runs[name] for name in names]
@@ -253,7 +259,7 @@ def describe(args, hosts: int, model_mb: float | None) -> tuple[str, str, str]:
 
 
 def write(results: dict, args, hosts: int, model_mb: float | None) -> None:
-    import _machine
+    from jaxfog import _machine
 
     stem = f"cluster_training_{'lm_' if args.model == 'lm' else ''}{hosts}hosts"
     out = HERE / "results" / stem

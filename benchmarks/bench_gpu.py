@@ -4,8 +4,11 @@
                                    [--short] [--platform cuda|cpu] [--sizes BYTES...]
 
 1. The simulation backend on the GPU: ``bench_simulate.py`` with n = 16 to
-   1024 agents and d = 1e4 to 1e7 (against a jitted device copy and dense
-   ``W @ X`` in the same run).
+   1024 agents and d = 1e4 to 1e7, each row on today's gather path and on the
+   column-tiled Pallas kernel (``JAXFOG_SIM_MIXING``, issue 45), against a
+   jitted device copy (the one-read-one-write bound) and dense ``W @ X`` in the
+   same run; the exponential graph and the ring, and with the full grid also
+   a one-peer schedule entry and a random regular graph of degree 4.
 2. Exchange bandwidth, 1 KB to 256 MB per message: NCCL and host-staged MPI
    (``jaxfog.allgather`` and, with two or more ranks, ``neighbor_allgather``)
    against a jitted device copy and a host round trip (device to pinned host
@@ -16,8 +19,10 @@
 
 ``--short`` is the GPU check's cut (scripts/gpu_check.sh: fewer agents, dims and
 message sizes, fewer dispatch repeats). ``--platform cpu --sizes ...`` runs the
-exchange part on CPU arrays over MPI (the floor included), so it is tested
-where there is no GPU (tests/test_bench_gpu.py).
+exchange part on CPU arrays over MPI (the floor included), and ``--platform cpu
+--part simulate`` the simulate part on 5 agents x 1e3 values (the tiled kernel
+in Pallas' interpreter), so both are tested where there is no GPU
+(tests/test_bench_gpu.py).
 
 Each part runs as its own process so that one failure does not hide the rest;
 ``--part`` runs one (``scripts/gpu_check.sh`` gives each its own device call).
@@ -178,7 +183,9 @@ def main() -> int:
     parser.add_argument("--short", action="store_true",
                         help="the GPU check's shorter grids (scripts/gpu_check.sh)")
     parser.add_argument("--platform", choices=("cuda", "cpu"), default="cuda",
-                        help="the exchange part's arrays (cpu: a check of this code)")
+                        help="the exchange part's arrays (cpu: a check of this code); cpu "
+                             "also cuts the simulate part to 5 agents x 1e3 values, the "
+                             "tiled kernel in Pallas' interpreter")
     parser.add_argument("--sizes", type=int, nargs="+",
                         help="exchange message sizes in bytes (multiples of 4)")
     parser.add_argument("--exchange-body", help=argparse.SUPPRESS)
@@ -191,12 +198,16 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
     if args.part in ("all", "simulate"):
-        grid = (["--agents", "16", "128", "1024", "--dims", "1e4", "1e6", "1e7",
+        grid = (["--agents", "5", "--dims", "1e3", "--paths", "gather", "tiled", "--graphs",
+                 "exponential", "ring", "one-peer", "regular4"] if args.platform == "cpu" else
+                ["--agents", "16", "128", "1024", "--dims", "1e4", "1e6", "1e7",
                  "--max-elements", "1.1e9"] if args.short else
                 ["--agents", "16", "32", "64", "128", "256", "512", "1024",
-                 "--dims", "1e4", "1e5", "1e6", "1e7", "--max-elements", "2.6e9"])
+                 "--dims", "1e4", "1e5", "1e6", "1e7", "--max-elements", "2.6e9",
+                 "--graphs", "exponential", "ring", "one-peer", "regular4"])
+        env = dict(os.environ, **({"JAX_PLATFORMS": "cpu"} if args.platform == "cpu" else {}))
         failed |= subprocess.run([sys.executable, str(HERE / "bench_simulate.py"),
-                                  *grid]).returncode
+                                  *grid, "--out", str(out)], env=env).returncode
     if args.part in ("all", "exchange"):
         exchange(out, args.platform, sizes)
     if args.part in ("all", "dispatch"):

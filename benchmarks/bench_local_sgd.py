@@ -52,7 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import _machine
+from jaxfog import _machine
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

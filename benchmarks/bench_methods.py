@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-import _machine
+from jaxfog import _machine
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

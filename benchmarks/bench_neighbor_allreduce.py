@@ -29,10 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-import _machine  # benchmarks/_machine.py, beside this script
-
 import jaxfog as jf
 import jaxfog.topology as T
+from jaxfog import _machine
 
 jf.init()
 from mpi4py import MPI  # noqa: E402  (after init: jaxfog picks the MPI library)

@@ -47,7 +47,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxfog.topology as T  # noqa: E402
 from _mlp import loss, mlp  # noqa: E402
-from _machine import cpu  # noqa: E402
+from jaxfog._machine import cpu  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()

@@ -49,14 +49,13 @@ import optax
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _machine  # noqa: E402
 import _regression_data as regression  # noqa: E402
 import straggler  # noqa: E402
 
 import jaxfog as jf  # noqa: E402
 import jaxfog.topology as T  # noqa: E402
+from jaxfog import _machine  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 N = straggler.N

@@ -1,6 +1,11 @@
 """Steps per second of each training method, BlueFog's throughput table (issue 43.4).
 
-Run with ``jaxfog run -np N python benchmarks/bench_throughput.py [--model digits|lm]``.
+Run with ``jaxfog run -np N python benchmarks/bench_throughput.py [--model digits|lm]``;
+on the one-machine cluster (root), e.g. 4 hosts on 100 Mbit/s links::
+
+    sudo python scripts/netns_cluster.py --hosts 4 --rate 100mbit -- jaxfog run -np 4 \\
+        --hostfile {hostfile} python benchmarks/bench_throughput.py --label digits_cluster_100mbit \\
+        --network "4 hosts (network namespaces), 100 Mbit/s links"
 
 Every rank trains the same model on its own data with one method at a time:
 gradient allreduce (the baseline), atc and awc on the exponential graph and
@@ -30,7 +35,6 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
-sys.path.insert(0, str(HERE))
 
 import jaxfog as jf  # noqa: E402
 
@@ -43,7 +47,7 @@ import optax  # noqa: E402
 
 import jaxfog.optax as jfo  # noqa: E402
 import jaxfog.topology as T  # noqa: E402
-from _machine import cpu  # noqa: E402
+from jaxfog._machine import cpu  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -140,6 +144,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--methods", default=None, help="comma-separated labels (default: all)")
     parser.add_argument("--label", default=None, help="results file suffix")
+    parser.add_argument("--network", default=None,
+                        help="where the ranks ran, for the table's text (e.g. the "
+                             "one-machine cluster's hosts and link rate)")
     args = parser.parse_args()
     params, loss, inner = (digits_problem if args.model == "digits" else lm_problem)(args)
     table = methods(inner)
@@ -157,7 +164,8 @@ def main() -> None:
     model = (f"digits MLP, {args.hidden} hidden units" if args.model == "digits"
              else f"language model, size {args.size}")
     lines = [f"# Steps per second, {model} ({megabytes:.2f} MB of parameters), {SIZE} ranks",
-             "", f"Machine: {cpu()}; jax {jax.__version__}. The slowest rank's steps per second "
+             "", f"Machine: {cpu()}; jax {jax.__version__}."
+             + (f" Ranks: {args.network}." if args.network else "") + " The slowest rank's steps per second "
              f"over {args.steps} consecutive jitted steps (compilation and {args.warmup} warm-up "
              f"steps excluded), median of {args.rounds} interleaved rounds.", "",
              "| method | steps/s | speed-up over allreduce |", "|---|---:|---:|"]

@@ -60,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
-import _machine  # benchmarks/_machine.py, beside this script
+from jaxfog import _machine
 
 SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -18,16 +18,13 @@ examples/exact_diffusion.py). Prints ||x - x*|| / ||x*|| averaged over agents.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
 
 import jaxfog as jf
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _regression_data import gradient, load, smoothness  # noqa: E402
+from _regression_data import gradient, load, smoothness  # beside this script
 
 
 def run(agents: jf.Agents, gamma: float, iterations: int,

@@ -18,8 +18,6 @@ below 1e-8 (float64).
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -28,8 +26,7 @@ import numpy as np
 import jaxfog as jf
 import jaxfog.topology as T
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _regression_data import gradient, load, smoothness  # noqa: E402
+from _regression_data import gradient, load, smoothness  # beside this script
 
 
 def w_bar(n: int) -> T.Topology:

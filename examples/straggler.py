@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -40,14 +38,12 @@ import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_digits  # beside this script
 
-import train_digits  # noqa: E402
-
-import jaxfog as jf  # noqa: E402
-import jaxfog.asynchrony as jfa  # noqa: E402
-import jaxfog.optax as jfo  # noqa: E402
-import jaxfog.topology as T  # noqa: E402
+import jaxfog as jf
+import jaxfog.asynchrony as jfa
+import jaxfog.optax as jfo
+import jaxfog.topology as T
 
 N = 4
 SYNCHRONOUS = ("atc", "allreduce")
@@ -105,7 +101,7 @@ def trainer(method: str, problem: Problem, topology: T.Topology) -> jfa.Trainer:
     if method == "allreduce":
         return jfa.from_optax(jfo.gradient_allreduce(inner))
     if method == "push-sum":
-        return jfa.push_sum(inner, topology=topology)
+        return jfa.async_push_sum(inner, topology=topology)
     if method == "ad-psgd":
         return jfa.adpsgd(inner, topology=topology)
     return jfa.hop(inner, staleness=2, backups=1, topology=topology)

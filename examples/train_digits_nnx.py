@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -34,12 +32,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_digits  # the data split (examples/train_digits.py, beside this script)
 
-import train_digits  # noqa: E402  (the data split)
-
-import jaxfog as jf  # noqa: E402
-import jaxfog.optax as jfo  # noqa: E402
+import jaxfog as jf
+import jaxfog.optax as jfo
 
 
 class CNN(nnx.Module):

@@ -84,18 +84,14 @@ import numpy as np
 import optax
 from flax import nnx
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
+from train_digits import Progress, Traffic, compressor  # beside this script
 
-import _machine  # noqa: E402
-from train_digits import Progress, Traffic, compressor  # noqa: E402
-
-import jaxfog as jf  # noqa: E402
-import jaxfog.asynchrony as jfa  # noqa: E402
-import jaxfog.compress as C  # noqa: E402
-import jaxfog.optax as jfo  # noqa: E402
-import jaxfog.topology as T  # noqa: E402
+import jaxfog as jf
+import jaxfog.asynchrony as jfa
+import jaxfog.compress as C
+import jaxfog.optax as jfo
+import jaxfog.topology as T
+from jaxfog import _machine
 
 VOCABULARY = 256  # bytes
 METHODS = ("allreduce", "atc", "tracking", "choco", "diloco", "diloco-compressed",
@@ -385,7 +381,7 @@ def methods(n: int, names: list[str], args: argparse.Namespace,
         degree = out_degree(topology, n)
         runs.append(Method(
             f"push-sum async, straggler {args.straggler:g}x",
-            jfa.push_sum(inner(), topology=topology), 1,
+            jfa.async_push_sum(inner(), topology=topology), 1,
             lambda params: degree * (nbytes(params) + 4), asynchronous=True))
     return runs
 
@@ -677,30 +673,25 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> dict[str, Any]:
-    args = make_parser().parse_args(argv)
-    size = SIZES[args.size]._replace(**{k: getattr(args, k) for k in Size._fields
-                                        if getattr(args, k) is not None})
-    args.lr = size.lr
-
+def make_agents(args: argparse.Namespace) -> jf.Agents:
+    """The agents: on a device mesh (``--mesh``), MPI processes under a launcher
+    or ``--agents`` simulated ones."""
     if args.mesh:
         import jaxfog.mesh
 
         jaxfog.mesh.init_distributed()  # before anything asks JAX for its devices
         per_device = max(1, args.agents // jax.device_count()) if jax.process_count() == 1 else 1
-        agents = jf.Agents(mesh=True, per_device=per_device)
-    else:
-        agents = jf.Agents(simulated=args.agents)
+        return jf.Agents(mesh=True, per_device=per_device)
+    return jf.Agents(simulated=args.agents)
+
+
+def train_all(agents: jf.Agents, args: argparse.Namespace, data: Corpus, size: Size,
+              model: Any) -> dict[str, list[dict[str, Any]]]:
+    """Trains with every method of ``--methods`` in turn: its rows by label."""
     n = agents.size
     on_mesh, on_mpi = agents.mesh is not None, not agents.simulated
-    where = (f"{n} agents on a device mesh" if on_mesh else
-             f"{n} simulated agents" if agents.simulated else f"{n} MPI processes")
-    data = corpus(n, size, data_mb=size.data_mb, iid=args.iid, seed=args.seed)
-    names = args.methods.split(",")
-    model = nnx.split(make_model(size, args.seed), nnx.Param)  # graphdef, params
     results: dict[str, list[dict[str, Any]]] = {}
-    started, cpu = time.perf_counter(), time.process_time()
-    for method in methods(n, names, args, size.steps):
+    for method in methods(n, args.methods.split(","), args, size.steps):
         if method.asynchronous:
             if on_mesh or on_mpi:
                 if agents.is_root:
@@ -719,69 +710,111 @@ def main(argv=None) -> dict[str, Any]:
             print(f"{method.label:<34} validation {last['val_bpb']:.3f} bpb  "
                   f"{last['sent_bytes'] / 1e6:8.2f} MB sent  "
                   f"time {last['simulated_time']:6.0f}  {last['wall_time']:6.1f} s", flush=True)
-    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return results
+
+
+def header(report: dict[str, Any], args: argparse.Namespace, argv: list[str] | None,
+           data: Corpus, size: Size, n: int, on_mpi: bool, per_device: float | None
+           ) -> list[str]:
+    """The lines above the result table: the run, data, model and measures."""
+    where, version = report["where"], report["python"]
+    kind, devices = report["device_kind"], report["devices"]
+    seconds, cpu = report["seconds"], report["cpu_seconds"]
+    count, flops, peak = report["parameters"], report["flops_per_token"], report["peak_tflops"]
+    split = "i.i.d. (files dealt at random)" if args.iid else "heterogeneous (files by path)"
+    command = " ".join([*([f"jaxfog run -np {n}"] if on_mpi else []), "python",
+                        "examples/train_lm.py", *(sys.argv[1:] if argv is None else argv)])
+    return [
+        f"# Byte-level transformer on Python {version}'s standard library: {where}", "",
+        f"Machine: {report['machine']}; jax {jax.__version__}. `{command}` "
+        f"({seconds / 60:.1f} minutes in all, {cpu / 60:.1f} CPU-minutes).", "",
+        f"Data: the first {size.data_mb:g} MB of the standard library's .py files "
+        f"sorted by path, every {VALIDATION_EVERY}th file held out; each agent trains on "
+        f"{data.streams.shape[1] / 1e6:.2f} MB of its own files, {split}. Model: "
+        f"{size.depth} blocks of width {size.width}, {size.heads} heads, context "
+        f"{size.context}, {count:,} parameters (float32, computed in {args.dtype}); "
+        f"{size.steps} steps of "
+        f"{size.batch} windows per agent; inner optimizer AdamW (peak {size.lr:g}, "
+        f"warmup-cosine, clipped at norm 1); CHOCO's gamma {args.gamma:g}; DiLoCo's "
+        f"outer Nesterov step {args.outer_lr:g}, momentum {args.outer_momentum:g}.", "",
+        f"Validation: bits per byte of the agents' averaged model on "
+        f"{size.eval_windows} windows of {size.context} bytes of the held-out files. "
+        f"MB sent: by one agent over the run (modelled"
+        + ("; measured: what jaxfog.comm_stats counted on rank 0" if on_mpi else "")
+        + f"). Simulated time: agent 0 computes {args.straggler:g}x slower; the unit is "
+        f"a fast agent's step; a message takes {args.message_time:g} per copy of the "
+        f"model it carries. 'bpb at time {size.steps:g}': when a fast agent has had the "
+        f"time for {size.steps} steps (asynchronous push-sum's budget). Wall time: the "
+        f"training steps, compilation and validation excluded; tokens/s: all agents' "
+        f"training bytes per second of it. Model TFLOP/s: tokens/s x {flops:,.0f} "
+        f"FLOPs a token (6 per matmul parameter + 12 x depth x width x context, forward "
+        f"and backward); MFU: over "
+        + (f"{devices} x {kind}'s dense {args.dtype} peak, {per_device:g} TFLOP/s"
+           + ("" if args.peak_tflops else " (NVIDIA's datasheet)")
+           if peak else f"no known peak for {kind} (--peak-tflops)") + ".", ""]
+
+
+def make_report(agents: jf.Agents, args: argparse.Namespace, data: Corpus, size: Size,
+                model: Any, results: dict[str, list[dict[str, Any]]], where: str,
+                seconds: float, cpu: float) -> tuple[dict[str, Any], float | None]:
+    """The run's report (the .json) and the peak TFLOP/s of one device."""
+    n, on_mesh, on_mpi = agents.size, agents.mesh is not None, not agents.simulated
     count = sum(v.size for v in jax.tree.leaves(model[1]))
-    version = sys.version.split()[0]
     # The devices the agents run on: simulated agents share one; MPI processes
     # and mesh agents have their own.
     kind = jax.devices()[0].device_kind
     devices = agents.mesh.devices.size if on_mesh else n if on_mpi else 1
     per_device = args.peak_tflops or peak_tflops(kind, args.dtype)
     peak = None if per_device is None else per_device * devices
-    flops = flops_per_token(size, model[1])
     report = {
-        "where": where, "machine": _machine.cpu(), "python": version,
+        "where": where, "machine": _machine.cpu(), "python": sys.version.split()[0],
         "jax": jax.__version__, "size": size._asdict(), "parameters": int(count),
         "dtype": args.dtype, "device_kind": kind, "devices": devices,
-        "flops_per_token": flops, "peak_tflops": peak,
+        "flops_per_token": flops_per_token(size, model[1]), "peak_tflops": peak,
         "unigram_bpb": data.unigram_bpb, "iid": args.iid, "straggler": args.straggler,
         "message_time": args.message_time, "agent_bytes": int(data.streams.shape[1]),
         "agent_files": [[files[0], files[-1], len(files)] for files in data.files],
         "seconds": seconds, "cpu_seconds": cpu, "results": results}
+    return report, per_device
+
+
+def write(report: dict[str, Any], text: str, out: str, n: int, on_mpi: bool) -> None:
+    """Writes ``--out``/lm_{n}agents.{md,json,png} (lm_{n}procs on MPI processes)."""
+    os.makedirs(out, exist_ok=True)
+    stem = os.path.join(out, f"lm_{n}{'procs' if on_mpi else 'agents'}")
+    with open(stem + ".md", "w") as f:
+        f.write(text + "\n")
+    with open(stem + ".json", "w") as f:
+        json.dump(report, f)
+    plot(report["results"], report["unigram_bpb"], stem + ".png",
+         f"Byte-level transformer on the Python {report['python']} standard library, "
+         f"{report['where']}")
+    print(f"wrote {stem}.md, .json and .png")
+
+
+def main(argv=None) -> dict[str, Any]:
+    args = make_parser().parse_args(argv)
+    size = SIZES[args.size]._replace(**{k: getattr(args, k) for k in Size._fields
+                                        if getattr(args, k) is not None})
+    args.lr = size.lr
+    agents = make_agents(args)
+    n, on_mpi = agents.size, not agents.simulated
+    where = (f"{n} agents on a device mesh" if agents.mesh is not None else
+             f"{n} simulated agents" if agents.simulated else f"{n} MPI processes")
+    data = corpus(n, size, data_mb=size.data_mb, iid=args.iid, seed=args.seed)
+    model = nnx.split(make_model(size, args.seed), nnx.Param)  # graphdef, params
+    started, cpu = time.perf_counter(), time.process_time()
+    results = train_all(agents, args, data, size, model)
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    report, per_device = make_report(agents, args, data, size, model, results, where,
+                                     seconds, cpu)
     if agents.is_root:
-        split = "i.i.d. (files dealt at random)" if args.iid else "heterogeneous (files by path)"
-        command = " ".join([*([f"jaxfog run -np {n}"] if on_mpi else []), "python",
-                            "examples/train_lm.py", *(sys.argv[1:] if argv is None else argv)])
-        header = [
-            f"# Byte-level transformer on Python {version}'s standard library: {where}", "",
-            f"Machine: {report['machine']}; jax {jax.__version__}. `{command}` "
-            f"({seconds / 60:.1f} minutes in all, {cpu / 60:.1f} CPU-minutes).", "",
-            f"Data: the first {size.data_mb:g} MB of the standard library's .py files "
-            f"sorted by path, every {VALIDATION_EVERY}th file held out; each agent trains on "
-            f"{data.streams.shape[1] / 1e6:.2f} MB of its own files, {split}. Model: "
-            f"{size.depth} blocks of width {size.width}, {size.heads} heads, context "
-            f"{size.context}, {count:,} parameters (float32, computed in {args.dtype}); "
-            f"{size.steps} steps of "
-            f"{size.batch} windows per agent; inner optimizer AdamW (peak {size.lr:g}, "
-            f"warmup-cosine, clipped at norm 1); CHOCO's gamma {args.gamma:g}; DiLoCo's "
-            f"outer Nesterov step {args.outer_lr:g}, momentum {args.outer_momentum:g}.", "",
-            f"Validation: bits per byte of the agents' averaged model on "
-            f"{size.eval_windows} windows of {size.context} bytes of the held-out files. "
-            f"MB sent: by one agent over the run (modelled"
-            + ("; measured: what jaxfog.comm_stats counted on rank 0" if on_mpi else "")
-            + f"). Simulated time: agent 0 computes {args.straggler:g}x slower; the unit is "
-            f"a fast agent's step; a message takes {args.message_time:g} per copy of the "
-            f"model it carries. 'bpb at time {size.steps:g}': when a fast agent has had the "
-            f"time for {size.steps} steps (asynchronous push-sum's budget). Wall time: the "
-            f"training steps, compilation and validation excluded; tokens/s: all agents' "
-            f"training bytes per second of it. Model TFLOP/s: tokens/s x {flops:,.0f} "
-            f"FLOPs a token (6 per matmul parameter + 12 x depth x width x context, forward "
-            f"and backward); MFU: over "
-            + (f"{devices} x {kind}'s dense {args.dtype} peak, {per_device:g} TFLOP/s"
-               + ("" if args.peak_tflops else " (NVIDIA's datasheet)")
-               if peak else f"no known peak for {kind} (--peak-tflops)") + ".", ""]
-        text = "\n".join(header + summary(results, data.unigram_bpb, size.steps,
-                                          n * size.batch * size.context, flops, peak))
+        lines = header(report, args, argv, data, size, n, on_mpi, per_device)
+        text = "\n".join(lines + summary(results, data.unigram_bpb, size.steps,
+                                         n * size.batch * size.context,
+                                         report["flops_per_token"], report["peak_tflops"]))
         print(text, flush=True)
-        os.makedirs(args.out, exist_ok=True)
-        stem = os.path.join(args.out, f"lm_{n}{'procs' if on_mpi else 'agents'}")
-        with open(stem + ".md", "w") as f:
-            f.write(text + "\n")
-        with open(stem + ".json", "w") as f:
-            json.dump(report, f)
-        plot(results, data.unigram_bpb, stem + ".png",
-             f"Byte-level transformer on the Python {version} standard library, {where}")
-        print(f"wrote {stem}.md, .json and .png")
+        write(report, text, args.out, n, on_mpi)
     return report
 
 

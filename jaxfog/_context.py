@@ -41,6 +41,8 @@ class Simulation:
     #: ``inner_axis`` the vmapped axis of the ``inner_size`` agents of a device.
     inner_axis: str | None = None
     inner_size: int = 1
+    #: The agents live on a mesh's devices (``shard_map``), not along a vmap axis.
+    on_mesh: bool = False
     homogeneous = True
 
     # The collectives over all agents. With one axis they are lax's; with a

@@ -37,3 +37,18 @@ def test_exchange_part_runs_on_cpu_with_a_pinned_floor(tmp_path):
         floor = r["d2h_ms"] + r["host_allgather_ms"] + r["h2d_ms"]
         assert float(cells[5]) == round(floor, 3)
         assert float(cells[7]) == round(r["allgather_ms"] / floor, 2) > 0
+
+
+def test_simulate_part_runs_on_cpu_with_a_tiled_column(tmp_path):
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"),
+                          "--part", "simulate", "--platform", "cpu", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = json.loads((tmp_path / "simulate_cpu.json").read_text())["rows"]
+    assert [r["graph"] for r in rows] == ["exponential", "ring", "one-peer", "regular4"]
+    assert [r["degree"] for r in rows] == [3, 2, 1, 4]
+    for r in rows:
+        assert r["n"] == 5 and r["d"] == 1000
+        for key in ("simulate_ms", "tiled_ms", "bound_ms", "dense_ms"):
+            assert 0 < r[key] < 1000, (key, r)
+    assert "| tiled (ms) | tiled % of bound |" in (tmp_path / "simulate_cpu.md").read_text()

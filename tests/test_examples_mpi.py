@@ -6,14 +6,9 @@ from mpi_harness import mpi_test
 
 
 def _example(name: str):
-    import importlib.util
-    from pathlib import Path
+    from test_examples_sim import _example  # beside this file: on the ranks' sys.path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _example(name)
 
 
 @mpi_test(nprocs=(2, 4, 5))

@@ -63,6 +63,9 @@ def test_a_transformation_after_atc_in_a_chain_is_warned_about():
     with pytest.warns(UserWarning, match=r"jaxfog.optax.push_sum is followed"):
         jfa.from_optax(optax.chain(optax.chain(jfo.push_sum(optax.sgd(0.1)),
                                                optax.scale(2.0))))
+    with pytest.warns(UserWarning, match=r"jaxfog.optax.awc is followed by 1 other"):
+        jfo.check_chain(optax.named_chain(("mix", jfo.awc(optax.sgd(0.1))),
+                                          ("clip", optax.clip(1.0))))
     import warnings
 
     with warnings.catch_warnings():
@@ -70,3 +73,5 @@ def test_a_transformation_after_atc_in_a_chain_is_warned_about():
         jfo.check_chain(jfo.atc(optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1))))
         jfo.check_chain(optax.chain(optax.clip(1.0), jfo.awc(optax.adam(0.1))))
         jfo.check_chain(optax.chain(jfo.gradient_allreduce(optax.sgd(0.1)), optax.clip(1.0)))
+        jfo.check_chain(optax.named_chain(("clip", optax.clip(1.0)),
+                                          ("mix", jfo.atc(optax.sgd(0.1)))))

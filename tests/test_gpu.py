@@ -1,6 +1,7 @@
 """jaxfog on GPU arrays; needs a CUDA GPU (``scripts/gpu_check.sh`` runs it).
 
-* simulated agents on one GPU against numpy ``W @ X``;
+* simulated agents on one GPU against numpy ``W @ X``, and the column-tiled
+  kernel (Triton) against the gather path;
 * MPI processes sharing the GPU with host staging (``JAXFOG_BACKEND=mpi``);
 * one process with a forced self exchange, host-staged and over NCCL (with
   one rank the default exchange is empty);
@@ -39,6 +40,37 @@ def test_simulated_agents_on_the_gpu(graph):
     w = topo.weights
     np.testing.assert_allclose(np.asarray(back), 2 * w.T @ (w @ np.asarray(x)), rtol=1e-4,
                                atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32])
+def test_simulated_agents_tiled_kernel_on_the_gpu(dtype):
+    """The column-tiled kernel compiled by Triton (JAXFOG_SIM_MIXING=tiled,
+    issue 45) against the gather path, numpy and W^T, ragged last tile included."""
+    from jaxfog.simulation import _tiled
+
+    n, d = 16, 3000
+    x = jax.random.normal(jax.random.key(1), (n, d)) * (100 if dtype == jnp.int32 else 1)
+    x = x.astype(dtype)
+    for topo, kwargs in ((T.exponential(n), {}), (T.one_peer_exponential(n).at(3), {}),
+                         (n, {"local_size": 4})):
+        fn = (jf.hierarchical_neighbor_allreduce if kwargs else jf.neighbor_allreduce)
+        out = {}
+        for path in ("tiled", "gather"):
+            with _tiled.forcing(path):
+                out[path] = jax.jit(jf.simulate(fn, topo, **kwargs))(x)
+        assert out["tiled"].dtype == dtype
+        tol = {"rtol": 1e-2, "atol": 1e-2} if dtype == jnp.bfloat16 else {"rtol": 1e-5,
+                                                                          "atol": 1e-5}
+        np.testing.assert_allclose(np.asarray(out["tiled"], np.float64),
+                                   np.asarray(out["gather"], np.float64), **tol)
+    if dtype == jnp.float32:
+        topo = T.one_peer_exponential(n).at(3)
+        with _tiled.forcing("tiled"):
+            back = jax.jit(jf.simulate(jax.grad(lambda v: (jf.neighbor_allreduce(v) ** 2)
+                                                .sum()), topo))(x)
+        w = topo.weights
+        np.testing.assert_allclose(np.asarray(back), 2 * w.T @ (w @ np.asarray(x)),
+                                   rtol=1e-4, atol=1e-4)
 
 
 def _values_on_gpu(expect_backend: str) -> None:

@@ -34,7 +34,8 @@ LAYERS = [
     ("backends: one method per op (MPI, and the simulation's)",
      ["jaxfog.ops._backends._numerics", "jaxfog.ops._backends._window_spec",
       "jaxfog.ops._backends.mpi_windows", "jaxfog.ops._backends.mpi", "jaxfog.ops._backends",
-      "jaxfog.simulation._clock", "jaxfog.simulation._windows", "jaxfog.simulation._backend"]),
+      "jaxfog.simulation._clock", "jaxfog.simulation._windows", "jaxfog.simulation._tiled",
+      "jaxfog.simulation._backend"]),
     ("the public ops",
      ["jaxfog.ops.neighbor", "jaxfog.ops.collective", "jaxfog.ops.hierarchical",
       "jaxfog.ops.process", "jaxfog.ops.window", "jaxfog.ops.nonblocking", "jaxfog.ops._agent",
@@ -45,8 +46,8 @@ LAYERS = [
      ["jaxfog.compress.*", "jaxfog.optax.*", "jaxfog.asynchrony", "jaxfog.checkpoint"]),
     ("the package's public names (lazy)",
      ["jaxfog"]),
-    ("tools: the jaxfog command, the timeline, the multi-rank test harness",
-     ["jaxfog.timeline", "jaxfog.testing", "jaxfog.cli.*"]),
+    ("tools: the jaxfog command, the timeline, the multi-rank test harness, the machine line",
+     ["jaxfog.timeline", "jaxfog.testing", "jaxfog._machine", "jaxfog.cli.*"]),
 ]
 # layers-end
 

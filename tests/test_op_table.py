@@ -25,12 +25,14 @@ C_API = {"jaxfog_register_mpi_comm", "jaxfog_release_comm", "jaxfog_timeline_sta
 
 
 def handler_symbols() -> set[str]:
-    """Per op, its handler, its two host-staged forms (CUDA buffers, and CPU
-    buffers for the tests) and its two nonblocking starts (CPU, CUDA); the
-    nonblocking ops' waits; the NCCL transport's handlers if built."""
+    """Per op, its handler and its two host-staged forms (CUDA buffers, and
+    CPU buffers for the tests); per nonblocking op, its two starts (CPU,
+    CUDA); the waits; the NCCL transport's handlers if built."""
     table = ffi.op_table().values()
     symbols = {spec.target + suffix for spec in table
-               for suffix in ("", "_staged", "_host_staged", "_start", "_start_staged")}
+               for suffix in ("", "_staged", "_host_staged")}
+    symbols |= {spec.target + suffix for spec in table if spec.nonblocking
+                for suffix in ("_start", "_start_staged")}
     symbols |= {"jaxfog_wait", "jaxfog_wait_staged"}
     return symbols | (set(ffi.nccl_targets()) if ffi.nccl_built() else set())
 
@@ -75,8 +77,9 @@ def test_register_handlers_registers_every_target(monkeypatch):
     monkeypatch.setattr(jax.ffi, "register_ffi_target",
                         lambda name, *args, platform, **kwargs: registered.append((name, platform)))
     ffi.register_handlers.__wrapped__()  # uncached: the cached one may have run already
-    targets = [spec.target + suffix for spec in ffi.op_table().values()
-               for suffix in ("", "_start")] + ["jaxfog_wait"]
+    table = ffi.op_table().values()
+    targets = ([spec.target for spec in table] + [spec.target + "_start" for spec in table
+                                                  if spec.nonblocking] + ["jaxfog_wait"])
     expected = [(t, "cpu") for t in targets]
     if ffi.cuda_built():  # the same names, bound to the host-staged CUDA handlers
         expected += [(t, "CUDA") for t in targets]
@@ -97,6 +100,22 @@ def test_python_primitives_name_exactly_the_table_targets():
         importlib.import_module(f"jaxfog.ops.{family}")
 
     assert _primitive_machinery.TARGETS == {name: spec.target for name, spec in ffi.op_table().items()}
+
+
+def test_the_nonblocking_ops_are_exactly_those_python_starts():
+    """Start handlers exist for the ops a ``*_nonblocking`` function starts
+    and for neighbor_reduce_scatter, the adjoint neighbor_allgather's start
+    transposes to (``ADJOINTS``); none for rank, size, barrier, fence,
+    win_update and win_state."""
+    from jaxfog.ops import nonblocking
+
+    table = ffi.op_table()
+    public = {name.removesuffix("_nonblocking") for name in nonblocking.__all__
+              if name.endswith("_nonblocking")}
+    assert {name for name, spec in table.items() if spec.nonblocking} == (
+        (public & set(table)) | {"neighbor_reduce_scatter"})
+    assert not {"rank", "size", "barrier", "fence", "win_update", "win_state"} & {
+        name for name, spec in table.items() if spec.nonblocking}
 
 
 def test_nccl_rules_cover_exactly_the_ops_with_an_nccl_handler():

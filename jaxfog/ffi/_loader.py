@@ -44,6 +44,9 @@ class OpSpec(NamedTuple):
     #: the NCCL transport's handler that moves its data on GPU buffers, e.g.
     #: ``"jaxfog_nccl_exchange"``; "" where GPU buffers are staged through the host
     nccl_target: str
+    #: whether it has start forms (``<target>_start``): an op with a
+    #: ``*_nonblocking`` form, or the adjoint of one
+    nonblocking: bool
 
 
 @functools.cache
@@ -51,7 +54,7 @@ def op_table() -> dict[str, OpSpec]:
     """Every op the library exports a typed FFI handler for, by name."""
     entries = json.loads(library().jaxfog_op_table().decode())
     return {entry["name"]: OpSpec(entry["name"], entry["code"], entry["target"],
-                                  entry["nccl_target"])
+                                  entry["nccl_target"], entry["nonblocking"])
             for entry in entries}
 
 
@@ -349,7 +352,7 @@ def register_handlers() -> None:
     """Registers the op table's handlers as custom-call targets; once per process.
 
     CPU: ``jaxfog_<op>`` (or its host-staged form under ``JAXFOG_HOST_STAGING=1``),
-    its nonblocking start ``jaxfog_<op>_start`` and ``jaxfog_wait``.
+    a nonblocking op's start ``jaxfog_<op>_start``, and ``jaxfog_wait``.
     CUDA, when built: the same names, bound to the host-staged handlers, and
     the NCCL transport's own targets. XLA picks the handler by platform.
     """
@@ -373,11 +376,13 @@ def register_handlers() -> None:
     cuda = cuda_built()
     for op in op_table().values():
         register(op.target, getattr(lib, op.target + ("_host_staged" if staged else "")), "cpu")
-        # The nonblocking start (always staged through host scratch).
-        register(op.target + "_start", getattr(lib, op.target + "_start"), "cpu")
+        if op.nonblocking:  # the start (always staged through host scratch)
+            register(op.target + "_start", getattr(lib, op.target + "_start"), "cpu")
         if cuda:
             register(op.target, getattr(lib, op.target + "_staged"), "CUDA")
-            register(op.target + "_start", getattr(lib, op.target + "_start_staged"), "CUDA")
+            if op.nonblocking:
+                register(op.target + "_start", getattr(lib, op.target + "_start_staged"),
+                         "CUDA")
     register("jaxfog_wait", lib.jaxfog_wait, "cpu")
     if cuda:
         register("jaxfog_wait", lib.jaxfog_wait_staged, "CUDA")

@@ -238,18 +238,21 @@ __attribute__((visibility("default"))) void jaxfog_xla_ffi_api_version(int* majo
 }
 
 // The op table of ops.h as JSON, for the Python side: [{"name": "rank",
-// "code": 7, "target": "jaxfog_rank", "nccl_target": ""}, ...].
+// "code": 7, "target": "jaxfog_rank", "nccl_target": "", "nonblocking":
+// false}, ...].
 __attribute__((visibility("default"))) const char* jaxfog_op_table() {
   static const std::string* json = [] {
     std::string text;
-    auto add = [&text](const char* name, jaxfog::OpCode code, std::string nccl) {
+    auto add = [&text](const char* name, jaxfog::OpCode code, std::string nccl,
+                       std::string form) {
       text += std::string(text.empty() ? "[" : ", ") + "{\"name\": \"" + name +
               "\", \"code\": " + std::to_string(static_cast<uint32_t>(code)) +
               ", \"target\": \"jaxfog_" + name + "\", \"nccl_target\": \"" +
-              (nccl.empty() ? "" : "jaxfog_nccl_" + nccl) + "\"}";
+              (nccl.empty() ? "" : "jaxfog_nccl_" + nccl) + "\", \"nonblocking\": " +
+              (form == "nonblocking" ? "true" : "false") + "}";
     };
-#define JAXFOG_OP_JSON(name, Camel, code, label, nccl) \
-  add(#name, jaxfog::OpCode::k##Camel, nccl);
+#define JAXFOG_OP_JSON(name, Camel, code, label, nccl, form) \
+  add(#name, jaxfog::OpCode::k##Camel, nccl, #form);
     JAXFOG_OPS(JAXFOG_OP_JSON)
 #undef JAXFOG_OP_JSON
     return new std::string(text + "]");  // never freed: the pointer is handed out

@@ -207,7 +207,7 @@ struct CudaStaged<op, R (*)(Args...)> {
 template <OpCode op>
 struct Exports;
 
-#define JAXFOG_DECLARE_EXPORTS(name, Camel, code, label, nccl)             \
+#define JAXFOG_DECLARE_EXPORTS(name, Camel, code, label, nccl, form)       \
   template <>                                                              \
   struct __attribute__((visibility("hidden"))) Exports<OpCode::k##Camel> { \
     static XLA_FFI_Error* Call(XLA_FFI_CallFrame* frame);                  \
@@ -240,7 +240,11 @@ XLA_FFI_Error* CallHandler(XLA_FFI_CallFrame* frame) {
   }                                                                                     \
   XLA_FFI_Error* Exports<OpCode::k##Camel>::CallHostStaged(XLA_FFI_CallFrame* frame) { \
     return CallHandler<OpCode::k##Camel, HostStaged<OpCode::k##Camel>>(frame);          \
-  }                                                                                     \
+  }
+
+// Defines the start forms of Exports<OpCode::k<Camel>> (nonblocking.h), for an
+// op whose row in ops.h says `nonblocking`.
+#define JAXFOG_DEFINE_START_EXPORTS(Camel)                                              \
   XLA_FFI_Error* Exports<OpCode::k##Camel>::CallStart(XLA_FFI_CallFrame* frame) {      \
     return CallStartHandler<OpCode::k##Camel, Start<OpCode::k##Camel>>(frame);          \
   }                                                                                     \

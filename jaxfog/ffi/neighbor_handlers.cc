@@ -299,5 +299,8 @@ struct Handler<OpCode::kNeighborReduceScatter>
 JAXFOG_DEFINE_EXPORTS(NeighborAllreduce)
 JAXFOG_DEFINE_EXPORTS(NeighborAllgather)
 JAXFOG_DEFINE_EXPORTS(NeighborReduceScatter)
+JAXFOG_DEFINE_START_EXPORTS(NeighborAllreduce)
+JAXFOG_DEFINE_START_EXPORTS(NeighborAllgather)
+JAXFOG_DEFINE_START_EXPORTS(NeighborReduceScatter)
 
 }  // namespace jaxfog

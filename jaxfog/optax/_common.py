@@ -4,6 +4,7 @@ and one step of neighbour averaging or of the other communications."""
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import warnings
 from typing import Any, Callable, NamedTuple
@@ -23,43 +24,84 @@ from jaxfog.ops import (allreduce, allreduce_nonblocking, hierarchical_neighbor_
 Tree = Any
 
 
+#: Set while :func:`check_chain` builds a probe state: the inits of the
+#: transformations marked by :func:`mixes_parameters` then give a
+#: :class:`_Mixing` instead of their state.
+_PROBING: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxfog_check_chain",
+                                                                default=False)
+
+
+class _Mixing(NamedTuple):
+    """Where a mixing transformation's state stands in a probe state."""
+
+    name: str
+
+
 def mixes_parameters(make: Callable) -> Callable:
     """Marks the transformations whose update moves the parameters to mixed
-    values, so that :func:`check_chain` can find them in a chain."""
+    values, so that :func:`check_chain` can find them in a chain: while it
+    probes, their ``init`` gives a :class:`_Mixing` (and touches neither the
+    parameters nor the backend)."""
 
     @functools.wraps(make)
     def marked(*args, **kwargs):
         transformation = make(*args, **kwargs)
-        transformation.update._jaxfog_mixing = make.__name__
-        return transformation
+        init = transformation.init
+
+        @functools.wraps(init)
+        def probed_init(params):
+            return _Mixing(make.__name__) if _PROBING.get() else init(params)
+
+        return transformation._replace(init=probed_init)
 
     return marked
 
 
-def _chain_members(update: Callable) -> list[Callable]:
-    """The update functions of an ``optax.chain``, nested chains flattened (a
-    transformation that is not a chain is its own member). Reads the chain's
-    closure; anything else is one opaque member."""
-    code, cells = getattr(update, "__code__", None), getattr(update, "__closure__", None)
-    if code is None or not cells or "update_fns" not in code.co_freevars:
-        return [update]
-    members = cells[code.co_freevars.index("update_fns")].cell_contents
-    return [m for fn in members for m in _chain_members(fn)]
+def _members(state: Any) -> list:
+    """The states of a chain's members in order, nested chains flattened:
+    ``optax.chain``'s state is the tuple of its members' states and
+    ``optax.named_chain``'s the (ordered) dict of them (their documented layout);
+    any other state is one member."""
+    if isinstance(state, (tuple, list)) and not hasattr(state, "_fields"):
+        return [m for s in state for m in _members(s)]
+    if isinstance(state, dict):
+        return [m for s in state.values() for m in _members(s)]
+    return [state]
 
 
 def check_chain(optimizer: optax.GradientTransformation) -> None:
     """Warns when a transformation that mixes the parameters with the neighbours
     (``atc``, ``awc``, ``push_sum``, ...) is followed by another one in an
-    ``optax.chain``: that one would transform the mixing too (a clip after
-    ``atc`` clips the consensus step, silently). Put it inside instead:
+    ``optax.chain`` or ``optax.named_chain``: that one would transform the
+    mixing too (a clip after ``atc`` clips the consensus step, silently). Put
+    it inside instead:
     ``atc(optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1)))``.
     :func:`jaxfog.asynchrony.from_optax` calls it; call it on your own
-    optimizer where you build one."""
+    optimizer where you build one.
+
+    It reads the chain's state: ``optimizer.init`` on a scalar, traced (no
+    JAX backend is started), with the mixing transformations' inits replaced
+    by markers. Chains inside other
+    wrappers (``optax.partition``, ``optax.masked``, ...) are not looked
+    into, and an optimizer whose init fails on a scalar is not checked."""
     V.transformation("jaxfog.optax.check_chain", "optimizer", optimizer)
-    members = _chain_members(optimizer.update)
-    for k, fn in enumerate(members[:-1]):
-        name = getattr(fn, "_jaxfog_mixing", None)
-        if name is not None:
+    states = []
+
+    def probe(params):  # traced only: no array is made, no backend started
+        states.append(optimizer.init(params))
+        return ()
+
+    token = _PROBING.set(True)
+    try:
+        jax.eval_shape(probe, jax.ShapeDtypeStruct((), jnp.float32))
+    except Exception:  # noqa: BLE001 (a structured init: not checked, as documented)
+        return
+    finally:
+        _PROBING.reset(token)
+    members = _members(states[0])
+    for k, member in enumerate(members[:-1]):
+        if isinstance(member, _Mixing):
+            name = member.name
             warnings.warn(
                 f"jaxfog.optax.{name} is followed by {len(members) - k - 1} other "
                 "transformation(s) in an optax.chain: they will also transform the "
@@ -67,7 +109,6 @@ def check_chain(optimizer: optax.GradientTransformation) -> None:
                 f"step). Put them inside instead: {name}(optax.chain(..., inner)), or "
                 f"make {name} the chain's last element.", UserWarning, stacklevel=2)
             return
-
 
 
 def need_params(name: str, params: Any) -> None:

@@ -36,6 +36,8 @@ by the step ``delay`` later, or by ``finish``.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import numbers
 from typing import Any, Callable, NamedTuple
 
@@ -172,8 +174,223 @@ def _idle(start: Callable, like: Any) -> Any:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-# --- the transformation ------------------------------------------------------------
 
+# --- one fragment's step -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    """The arguments of :func:`streaming_diloco`, checked, and the steps (mod
+    ``every``) at which each fragment starts its exchange."""
+
+    inner: optax.GradientTransformation
+    outer: optax.GradientTransformation
+    every: int
+    fragments: int
+    delay: int
+    alpha: float
+    fragment_of: Any
+    compressor: C.Compressor | None
+    groups: Any
+    seed: int
+    starts: tuple[int, ...]
+
+
+class _Fragment(NamedTuple):
+    r"""What one fragment's branch reads and returns (the operands of its
+    ``lax.switch``): its leaves of :math:`\theta` and :math:`\phi`, its outer
+    state, its handle (``()`` with ``delay=0``), whether its exchange is in
+    flight, and its residual (``()`` without a compressor)."""
+
+    theta: list
+    anchor: list
+    outer: optax.OptState
+    handle: Any
+    pending: jax.Array
+    residual: Any
+
+
+def _plan(s: _Settings, part: list) -> Any:
+    return G.layout(None, s.compressor, part, s.groups, neighbors=False).groups
+
+
+def _message(s: _Settings, delta: list, residual: Any, key: jax.Array, r: Any, p: int
+             ) -> tuple[Any, Any]:
+    """(what to send, new residual): the dense pseudo-gradient, or its payloads
+    with error feedback (key of sync number ``r`` of fragment ``p``)."""
+    if s.compressor is None:
+        return delta, residual
+    q = [d + e for d, e in zip(C.merge(delta, _plan(s, delta)), residual)]
+    payloads = C.compress_groups(s.compressor, q, G.step_key(key, r * s.fragments + p))
+    return payloads, [a - s.compressor.decompress(b) for a, b in zip(q, payloads)]
+
+
+def _start(s: _Settings, message: Any) -> Any:
+    if s.compressor is None:
+        return allreduce_nonblocking(message, name=_WHAT)
+    return allgather_nonblocking(message, name=_WHAT)
+
+
+def _blocking(s: _Settings, message: Any) -> Any:
+    if s.compressor is None:
+        return allreduce(message, name=_WHAT)
+    return allgather(message, name=_WHAT)
+
+
+def _mean(s: _Settings, received: Any, message: Any, like: list) -> list:
+    """The mean pseudo-gradient from what the exchange gave."""
+    if s.compressor is None:
+        return received
+    parts = [jax.vmap(s.compressor.decompress)(C.unstack(g, q)).mean(0)
+             for g, q in zip(received, message)]
+    return C.split(parts, like, _plan(s, like))
+
+
+def _message_like(s: _Settings, part: list, residual: Any) -> Any:
+    """A message's structure (for the idle handle and the decompression)."""
+    return jax.eval_shape(lambda d, e: _message(s, d, e, jax.random.PRNGKey(0), 0, 0)[0],
+                          part, residual)
+
+
+def _outer_step(s: _Settings, mean: list, frag: _Fragment) -> _Fragment:
+    r"""The outer step on :math:`\phi_p` and the merge into :math:`\theta_p`."""
+    v, outer_state = s.outer.update(mean, frag.outer, frag.anchor)
+    anchor = optax.apply_updates(frag.anchor, v)
+    if s.alpha == 0.0:
+        theta = list(anchor)
+    else:
+        theta = [s.alpha * a + (1.0 - s.alpha) * b for a, b in zip(frag.theta, anchor)]
+    return frag._replace(theta=theta, anchor=anchor, outer=outer_state)
+
+
+def _nothing(frag: _Fragment) -> _Fragment:
+    return frag
+
+
+def _sync_now(s: _Settings, key: jax.Array, r: Any, p: int, frag: _Fragment) -> _Fragment:
+    """``delay=0``: the exchange started, waited for and its outer step taken at once."""
+    delta = [a - b for a, b in zip(frag.anchor, frag.theta)]
+    message, residual = _message(s, delta, frag.residual, key, r, p)
+    mean = _mean(s, _blocking(s, message), message, delta)
+    return _outer_step(s, mean, frag._replace(residual=residual))
+
+
+def _begin_exchange(s: _Settings, key: jax.Array, r: Any, p: int, frag: _Fragment
+                    ) -> _Fragment:
+    """The start branch: the exchange of the pseudo-gradient started, its handle kept."""
+    delta = [a - b for a, b in zip(frag.anchor, frag.theta)]
+    message, residual = _message(s, delta, frag.residual, key, r, p)
+    return frag._replace(handle=_start(s, message), pending=jnp.array(True),
+                         residual=residual)
+
+
+def _end_exchange(s: _Settings, frag: _Fragment) -> _Fragment:
+    """The finish branch: the handle waited for, the outer step taken, an idle
+    handle in its place."""
+    like = [jnp.zeros_like(a) for a in frag.anchor]
+    message = _message_like(s, like, frag.residual)
+    mean = _mean(s, wait(frag.handle), message, like)
+    frag = _outer_step(s, mean, frag)
+    return frag._replace(handle=_idle(functools.partial(_start, s), message),
+                         pending=jnp.array(False))
+
+
+def _fragment_step(s: _Settings, frag: _Fragment, p: int, t: jax.Array, key: jax.Array
+                   ) -> _Fragment:
+    """Fragment ``p``'s branch at step ``t`` (counted from 1): nothing, start or
+    finish (``delay=0``: nothing or sync)."""
+    o = s.starts[p]
+    r = (t - o) // s.every  # the fragment's sync number at a sync step
+    sync = (t - o) % s.every == 0
+    if s.delay == 0:
+        sync_now = functools.partial(_sync_now, s, key, r, p)
+        return sync_now(frag) if s.every == 1 else lax.cond(sync, sync_now, _nothing, frag)
+    due = (t - s.delay >= o) & ((t - s.delay - o) % s.every == 0) & frag.pending
+    branch = jnp.where(sync, 1, jnp.where(due, 2, 0))
+    return lax.switch(branch, [_nothing, functools.partial(_begin_exchange, s, key, r, p),
+                               functools.partial(_end_exchange, s)], frag)
+
+
+def _fragment_finish(s: _Settings, frag: _Fragment) -> _Fragment:
+    """:meth:`StreamingDiLoCo.finish`'s branch: the finish of an exchange in flight."""
+    if not s.delay:  # with delay 0 nothing is ever in flight
+        return frag
+    return lax.cond(frag.pending, functools.partial(_end_exchange, s), _nothing, frag)
+
+
+def _all_fragments(s: _Settings, theta: Tree, state: StreamingDiLoCoState, *,
+                   inner_step: bool) -> tuple[Tree, StreamingDiLoCoState]:
+    """Runs every fragment's branch for this step (``inner_step``) or, for
+    ``finish``, the finish branch of every fragment in flight."""
+    frags = _assignment(theta, s.fragments, s.fragment_of)
+    th, treedef = jax.tree.flatten(theta)
+    an = jax.tree.leaves(state.anchor)
+    t = state.count + 1 if inner_step else state.count  # steps taken, counted from 1
+    done = []
+    for p, f in enumerate(frags):
+        frag = _Fragment(_take(th, f), _take(an, f), state.outer[p],
+                         state.handles[p] if s.delay else (), state.pending[p],
+                         state.residual[p] if s.compressor is not None else ())
+        frag = (_fragment_step(s, frag, p, t, state.key) if inner_step
+                else _fragment_finish(s, frag))
+        _put(th, f, frag.theta)
+        _put(an, f, frag.anchor)
+        done.append(frag)
+    new_state = state._replace(
+        outer=tuple(d.outer for d in done), anchor=jax.tree.unflatten(treedef, an),
+        handles=tuple(d.handle for d in done) if s.delay else state.handles,
+        pending=jnp.stack([d.pending for d in done]),
+        residual=(tuple(d.residual for d in done) if s.compressor is not None
+                  else state.residual))
+    return jax.tree.unflatten(treedef, th), new_state
+
+
+# --- init, update and finish ---------------------------------------------------------
+
+
+def _init(s: _Settings, params: Tree) -> StreamingDiLoCoState:
+    leaves = jax.tree.leaves(params)
+    parts = [_take(leaves, f) for f in _assignment(params, s.fragments, s.fragment_of)]
+    residual = ()
+    if s.compressor is not None:
+        residual = tuple([jnp.zeros_like(g) for g in C.merge(part, _plan(s, part))]
+                         for part in parts)
+    handles = ()
+    if s.delay:
+        handles = tuple(_idle(functools.partial(_start, s),
+                              _message_like(s, part, residual[p] if residual else ()))
+                        for p, part in enumerate(parts))
+    return StreamingDiLoCoState(
+        s.inner.init(params), tuple(s.outer.init(part) for part in parts), params, handles,
+        jnp.zeros([s.fragments], jnp.bool_), residual, G.agent_key(s.seed),
+        jnp.zeros([], jnp.int32))
+
+
+class _Update:
+    """:func:`streaming_diloco`'s ``update``, with the ``finish`` that
+    :meth:`StreamingDiLoCo.finish` calls."""
+
+    def __init__(self, settings: _Settings):
+        self.settings = settings
+
+    def __call__(self, grads: Tree, state: StreamingDiLoCoState, params: Tree = None,
+                 **extra: Any) -> tuple[Tree, StreamingDiLoCoState]:
+        s = self.settings
+        need_params("streaming_diloco", params)
+        u, inner_state = s.inner.update(grads, state.inner, params, **extra)
+        theta = optax.apply_updates(params, u)
+        theta, state = _all_fragments(s, theta, state, inner_step=True)
+        updates = jax.tree.map(lambda a, b: a - b, theta, params)
+        return updates, state._replace(inner=inner_state, count=state.count + 1)
+
+    def finish(self, state: StreamingDiLoCoState, params: Tree
+               ) -> tuple[Tree, StreamingDiLoCoState]:
+        need_params("streaming_diloco", params)
+        theta, state = _all_fragments(self.settings, params, state, inner_step=False)
+        return jax.tree.map(lambda a, b: a - b, theta, params), state
+
+
+# --- the transformation ------------------------------------------------------------
 
 @mixes_parameters
 def streaming_diloco(inner: optax.GradientTransformation,
@@ -353,157 +570,11 @@ def streaming_diloco(inner: optax.GradientTransformation,
         G.check_options("streaming_diloco", groups, seed)
     else:
         V.integer(_WHAT, "seed", seed)
-    # The steps (mod every) at which each fragment starts its exchange.
     starts = tuple(o - delay if phase == "merge" else o
                    for o in streaming_offsets(every, fragments))
-
-    def plan(part):
-        return G.layout(None, compressor, part, groups, neighbors=False).groups
-
-    def begin(part_delta, residual, key, r, p):
-        """(what to send, new residual): the dense pseudo-gradient, or its
-        payloads with error feedback."""
-        if compressor is None:
-            return part_delta, residual
-        groups_p = plan(part_delta)
-        q = [d + e for d, e in zip(C.merge(part_delta, groups_p), residual)]
-        payloads = C.compress_groups(compressor, q, G.step_key(key, r * fragments + p))
-        return payloads, [a - compressor.decompress(b) for a, b in zip(q, payloads)]
-
-    def start(message):
-        if compressor is None:
-            return allreduce_nonblocking(message, name=_WHAT)
-        return allgather_nonblocking(message, name=_WHAT)
-
-    def mean_of(received, message, like):
-        """The mean pseudo-gradient from what the exchange gave."""
-        if compressor is None:
-            return received
-        parts = [jax.vmap(compressor.decompress)(C.unstack(g, q)).mean(0)
-                 for g, q in zip(received, message)]
-        return C.split(parts, like, plan(like))
-
-    def blocking(message):
-        if compressor is None:
-            return allreduce(message, name=_WHAT)
-        return allgather(message, name=_WHAT)
-
-    def outer_step(mean, theta_p, anchor_p, outer_state):
-        v, outer_state = outer.update(mean, outer_state, anchor_p)
-        anchor_p = optax.apply_updates(anchor_p, v)
-        if alpha == 0.0:
-            theta_p = list(anchor_p)
-        else:
-            theta_p = [alpha * a + (1.0 - alpha) * b for a, b in zip(theta_p, anchor_p)]
-        return theta_p, anchor_p, outer_state
-
-    def message_like(part, residual):
-        """A message's structure (for the idle handle and the decompression)."""
-        return jax.eval_shape(lambda d, e: begin(d, e, jax.random.PRNGKey(0), 0, 0)[0],
-                              part, residual)
-
-    def init(params):
-        frags = _assignment(params, fragments, fragment_of)
-        leaves = jax.tree.leaves(params)
-        parts = [_take(leaves, f) for f in frags]
-        residual = ()
-        if compressor is not None:
-            residual = tuple([jnp.zeros_like(g) for g in C.merge(part, plan(part))]
-                             for part in parts)
-        handles = ()
-        if delay:
-            handles = tuple(_idle(start, message_like(part, residual[p] if residual else ()))
-                            for p, part in enumerate(parts))
-        return StreamingDiLoCoState(
-            inner.init(params), tuple(outer.init(part) for part in parts), params, handles,
-            jnp.zeros([fragments], jnp.bool_), residual, G.agent_key(seed),
-            jnp.zeros([], jnp.int32))
-
-    def fragment_steps(theta, state, *, inner_step: bool):
-        """Runs every fragment's branch for this step (``inner_step``) or, for
-        ``finish``, the finish branch of every fragment in flight."""
-        frags = _assignment(theta, fragments, fragment_of)
-        th, treedef = jax.tree.flatten(theta)
-        an = jax.tree.leaves(state.anchor)
-        t = state.count + 1 if inner_step else state.count  # steps taken, counted from 1
-        outer_states, handles = list(state.outer), list(state.handles)
-        residuals = list(state.residual)
-        pending = [state.pending[p] for p in range(fragments)]
-        for p, f in enumerate(frags):
-            o = starts[p]
-            ops = (_take(th, f), _take(an, f), outer_states[p],
-                   handles[p] if delay else (), pending[p],
-                   residuals[p] if compressor is not None else ())
-            r = (t - o) // every  # the fragment's sync number at a sync step
-
-            def nothing(ops):
-                return ops
-
-            def sync_now(ops, r=r, p=p):  # delay == 0: start, wait and step at once
-                theta_p, anchor_p, outer_state, handle, flag, res = ops
-                delta = [a - b for a, b in zip(anchor_p, theta_p)]
-                message, res = begin(delta, res, state.key, r, p)
-                mean = mean_of(blocking(message), message, delta)
-                theta_p, anchor_p, outer_state = outer_step(mean, theta_p, anchor_p,
-                                                            outer_state)
-                return theta_p, anchor_p, outer_state, handle, flag, res
-
-            def begin_exchange(ops, r=r, p=p):
-                theta_p, anchor_p, outer_state, _, _, res = ops
-                delta = [a - b for a, b in zip(anchor_p, theta_p)]
-                message, res = begin(delta, res, state.key, r, p)
-                return (theta_p, anchor_p, outer_state, start(message), jnp.array(True),
-                        res)
-
-            def end_exchange(ops):
-                theta_p, anchor_p, outer_state, handle, _, res = ops
-                like = [jnp.zeros_like(a) for a in anchor_p]
-                message = message_like(like, res)
-                mean = mean_of(wait(handle), message, like)
-                theta_p, anchor_p, outer_state = outer_step(mean, theta_p, anchor_p,
-                                                            outer_state)
-                return (theta_p, anchor_p, outer_state, _idle(start, message),
-                        jnp.array(False), res)
-
-            if not inner_step:  # finish: every fragment in flight, now
-                if delay:  # with delay 0 nothing is ever in flight
-                    ops = lax.cond(pending[p], end_exchange, nothing, ops)
-            elif delay == 0:
-                sync = (t - o) % every == 0
-                ops = sync_now(ops) if every == 1 else lax.cond(sync, sync_now, nothing, ops)
-            else:
-                sync = (t - o) % every == 0
-                due = (t - delay >= o) & ((t - delay - o) % every == 0) & pending[p]
-                branch = jnp.where(sync, 1, jnp.where(due, 2, 0))
-                ops = lax.switch(branch, [nothing, begin_exchange, end_exchange], ops)
-            theta_p, anchor_p, outer_states[p], handle, pending[p], res = ops
-            _put(th, f, theta_p)
-            _put(an, f, anchor_p)
-            if delay:
-                handles[p] = handle
-            if compressor is not None:
-                residuals[p] = res
-        anchor = jax.tree.unflatten(treedef, an)
-        new_state = state._replace(outer=tuple(outer_states), anchor=anchor,
-                                   handles=tuple(handles), pending=jnp.stack(pending),
-                                   residual=tuple(residuals))
-        return jax.tree.unflatten(treedef, th), new_state
-
-    def update(grads, state, params=None, **extra):
-        need_params("streaming_diloco", params)
-        u, inner_state = inner.update(grads, state.inner, params, **extra)
-        theta = optax.apply_updates(params, u)
-        theta, state = fragment_steps(theta, state, inner_step=True)
-        updates = jax.tree.map(lambda a, b: a - b, theta, params)
-        return updates, state._replace(inner=inner_state, count=state.count + 1)
-
-    def finish(state, params):
-        need_params("streaming_diloco", params)
-        theta, state = fragment_steps(params, state, inner_step=False)
-        return jax.tree.map(lambda a, b: a - b, theta, params), state
-
-    update.finish = finish
-    return StreamingDiLoCo(init, update)
+    settings = _Settings(inner, outer, every, fragments, delay, alpha, fragment_of,
+                         compressor, groups, seed, starts)
+    return StreamingDiLoCo(functools.partial(_init, settings), _Update(settings))
 
 
 for _cls in (StreamingDiLoCoState, StreamingDiLoCo):

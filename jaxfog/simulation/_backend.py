@@ -7,7 +7,11 @@ traces, each op lowers here, with no FFI and no MPI:
   each offset is one ``lax.ppermute`` (a cyclic shift of the agents), scaled
   by the per-agent weight column (zero where there is no edge). A circulant
   graph (ring, exponential) costs one ppermute per neighbour; under vmap each
-  is a fused row gather, so the whole step reads every neighbour row once. A
+  is a fused row gather, walked row by row, so a neighbour's row is reused
+  from cache only while it is still there (on a GPU at d = 1e7 the step reads
+  in-degree + 1 copies of X). ``JAXFOG_SIM_MIXING`` picks a column-tiled Pallas
+  kernel instead that reads X about once (``_tiled``: by default on a GPU for
+  large leaves; the gather path stays the default on CPU and is the oracle). A
   ``Schedule`` with a traced step is a ``lax.switch`` over its entries, so
   only the current entry's exchanges run.
 * ``allreduce``: ``psum``; ``broadcast``: ``psum`` of the root's value;
@@ -35,10 +39,20 @@ from jaxfog import _context
 from jaxfog import topology as T
 from jaxfog.ops import _args, _plan
 from jaxfog.ops._backends import _numerics
-from jaxfog.simulation import _clock, _windows
+from jaxfog.simulation import _clock, _tiled, _windows
 
 
 def _mix_leaf(x, w: np.ndarray, sim: _context.Simulation, self_weight: Any = None):
+    """Row ``rank`` of ``W @ X`` for one leaf: the column-tiled kernel where
+    ``_tiled.wanted`` (``JAXFOG_SIM_MIXING``), else :func:`_gather_leaf`."""
+    if _tiled.wanted(x, sim, self_weight):
+        return _tiled.mix_leaf(x, sim, _tiled.table(w), _tiled.table(w.T),
+                               functools.partial(_gather_leaf, w=w, sim=sim),
+                               functools.partial(_gather_leaf, w=w.T, sim=sim))
+    return _gather_leaf(x, w, sim, self_weight)
+
+
+def _gather_leaf(x, w: np.ndarray, sim: _context.Simulation, self_weight: Any = None):
     """Row ``rank`` of ``W @ X`` for one leaf, with one ppermute per offset
     (``self_weight``: this agent's traced self weight instead of W's diagonal)."""
     n, i = sim.size, sim.rank
@@ -57,6 +71,22 @@ def _mix_leaf(x, w: np.ndarray, sim: _context.Simulation, self_weight: Any = Non
             shifted = sim.ppermute(xs, perm)
             out = out + jnp.asarray(column)[i].astype(acc) * shifted
         return _numerics.finish(out, x.dtype)
+
+
+def _hierarchical_leaf(x, wm: np.ndarray, sim: _context.Simulation):
+    """This agent's machine mean (ppermutes inside its machine), then the
+    machine topology ``wm`` between machines (ppermutes by whole machines)."""
+    n, size_l = sim.size, sim.local_size
+    with _numerics.accumulating(x.dtype) as acc:
+        xs = x.astype(acc)
+        total = xs
+        for shift in range(1, size_l):  # each agent collects its machine's values
+            perm = [(int(r), int(r - r % size_l + (r % size_l + shift) % size_l))
+                    for r in range(n)]
+            total = total + sim.ppermute(xs, perm)
+        # Rounded like the C++ path's machine mean (an allreduce) for integers.
+        mean = _numerics.finish(total / size_l, x.dtype)
+    return _gather_leaf(mean, np.kron(wm, np.eye(size_l)), sim)  # machine m' -> m, same l
 
 
 def _mix(leaves: list, w: np.ndarray, sim: _context.Simulation, self_weight: Any = None) -> list:
@@ -332,20 +362,17 @@ class SimulatedOps(_OnAgents):
                                 "over machines), not traced values")
             wm = mixing.static
         _clock.synchronize()
-        n, size_l = sim.size, sim.local_size
-        w = np.kron(wm, np.eye(size_l))  # machine m' -> m, same l
         outs = []
         for x in leaves:
-            with _numerics.accumulating(x.dtype) as acc:
-                xs = x.astype(acc)
-                total = xs
-                for shift in range(1, size_l):  # each agent collects its machine's values
-                    perm = [(int(r), int(r - r % size_l + (r % size_l + shift) % size_l))
-                            for r in range(n)]
-                    total = total + sim.ppermute(xs, perm)
-                # Rounded like the C++ path's machine mean (an allreduce) for integers.
-                mean = _numerics.finish(total / size_l, x.dtype)
-            outs.append(_mix_leaf(mean, w, sim))
+            if _tiled.wanted(x, sim, None):
+                size_l = sim.local_size
+                outs.append(_tiled.mix_leaf(
+                    x, sim, _tiled.machine_table(wm, size_l),
+                    _tiled.machine_table(wm.T, size_l),
+                    functools.partial(_hierarchical_leaf, wm=wm, sim=sim),
+                    functools.partial(_hierarchical_leaf, wm=wm.T, sim=sim)))
+            else:
+                outs.append(_hierarchical_leaf(x, wm, sim))
         return outs
 
     def neighbor_allgather(self, leaves: list, args: _args.NeighborAllgather) -> list:

@@ -187,7 +187,8 @@ def simulate(fn: Callable, topology_or_n: T.Topology | T.Schedule | int, *,
         axis_name = agents_mesh.agent_axis(mesh, n,
                                            None if axis_name == AGENT_AXIS else axis_name)
         per_device = n // mesh.shape[axis_name]
-        inner = {"inner_axis": INNER_AXIS if per_device > 1 else None, "inner_size": per_device}
+        inner = {"inner_axis": INNER_AXIS if per_device > 1 else None, "inner_size": per_device,
+                 "on_mesh": True}
     simulation = _context.Simulation(axis_name, n, topology, int(local_size), machine_topology,
                                      backend=SimulatedBackend, **inner)
     if delays is not None and not isinstance(delays, Delays):

@@ -1,4 +1,5 @@
-"""What machine a benchmark ran on, for the result tables."""
+"""What machine a run was on, for the result tables of the benchmarks and
+examples (``from jaxfog import _machine``)."""
 
 from __future__ import annotations
 
