@@ -101,7 +101,7 @@ def trainer(method: str, problem: Problem, topology: T.Topology) -> jfa.Trainer:
     if method == "allreduce":
         return jfa.from_optax(jfo.gradient_allreduce(inner))
     if method == "push-sum":
-        return jfa.push_sum(inner, topology=topology)
+        return jfa.async_push_sum(inner, topology=topology)
     if method == "ad-psgd":
         return jfa.adpsgd(inner, topology=topology)
     return jfa.hop(inner, staleness=2, backups=1, topology=topology)

@@ -381,7 +381,7 @@ def methods(n: int, names: list[str], args: argparse.Namespace,
         degree = out_degree(topology, n)
         runs.append(Method(
             f"push-sum async, straggler {args.straggler:g}x",
-            jfa.push_sum(inner(), topology=topology), 1,
+            jfa.async_push_sum(inner(), topology=topology), 1,
             lambda params: degree * (nbytes(params) + 4), asynchronous=True))
     return runs
 

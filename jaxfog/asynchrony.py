@@ -3,7 +3,7 @@ r"""Asynchronous decentralized training: one interface, synchronous or not.
 A *trainer* owns a training loop's state and runs one iteration of one
 agent at a time::
 
-    trainer = jaxfog.asynchrony.adpsgd(optax.sgd(0.1))   # or hop(...), push_sum(...),
+    trainer = jaxfog.asynchrony.adpsgd(optax.sgd(0.1))   # or hop(...), async_push_sum(...),
     state = trainer.init(params)                          # or from_optax(jaxfog.optax.atc(...))
     for _ in range(steps):
         state = trainer.step(state, grad_fn)              # grad_fn(params, iteration)
@@ -19,8 +19,11 @@ The trainers:
 
 * :func:`from_optax`: any (synchronous) jaxfog.optax transformation, e.g.
   ``atc``, ``gradient_allreduce`` or the asynchronous ``async_push_sum``.
-* :func:`push_sum`: asynchronous push-sum / SGP (BlueFog's asynchronous
-  push-sum; Assran et al.), i.e. ``from_optax(jaxfog.optax.async_push_sum(inner))``.
+* :func:`async_push_sum`: asynchronous push-sum / SGP (BlueFog's
+  asynchronous push-sum; Assran et al.), i.e.
+  ``from_optax(jaxfog.optax.async_push_sum(inner))``. Its old name here,
+  ``push_sum``, still works and warns: it reads as
+  :func:`jaxfog.optax.push_sum`, the synchronous algorithm.
 * :func:`adpsgd`: AD-PSGD (Lian et al. 2018): after each local step an agent
   averages its model with one random neighbour atomically,
   :math:`x_i = x_j = (x_i + x_j) / 2`.
@@ -54,6 +57,7 @@ References:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -156,15 +160,21 @@ def from_optax(optimizer: optax.GradientTransformation, *,
                    step.compile, finish)
 
 
-def push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.push_sum",
-             topology: T.Topology | None = None) -> Trainer:
+def async_push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.push_sum",
+                   topology: T.Topology | None = None) -> Trainer:
     """Asynchronous push-sum / SGP: ``from_optax(jaxfog.optax.async_push_sum(...))``.
+
+    Not :func:`jaxfog.optax.push_sum`, the synchronous algorithm (every agent
+    mixes with its in-neighbours each step); this one mixes over a one-sided
+    window and nobody waits, and reduces to it only when every agent steps
+    together. It was named ``push_sum`` here until the two names were told
+    apart; that name still works and warns.
 
     ``finish(state)`` (collective, after every agent's last step) collects the
     mass still in flight: then each agent's numerator and weight hold all of
     it (their sums over the agents are the exact totals, ``allreduce`` gives
     the exact average) and ``params`` is ``numerator / weight``."""
-    _check_trainer("jaxfog.asynchrony.push_sum", inner, name, topology)
+    _check_trainer("jaxfog.asynchrony.async_push_sum", inner, name, topology)
 
     def finish(state):
         barrier()  # every push has landed
@@ -506,7 +516,7 @@ def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
     what = "jaxfog.asynchrony.run"
     if not isinstance(trainer, Trainer):
         raise TypeError(f"{what}: trainer must be a jaxfog.asynchrony.Trainer (from "
-                        f"from_optax, push_sum, adpsgd or hop), got {type(trainer).__name__}")
+                        f"from_optax, async_push_sum, adpsgd or hop), got {type(trainer).__name__}")
     V.function(what, "grad_fn", grad_fn)
     if isinstance(iterations, (jax.Array, np.ndarray, np.generic)):  # traced in a simulation
         if np.shape(iterations) != () or not jnp.issubdtype(iterations.dtype, jnp.integer):
@@ -526,5 +536,17 @@ def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
                      callback=callback)
 
 
-__all__ = ["ADPSGDState", "HopState", "OptaxState", "Trainer", "adpsgd", "from_optax", "hop",
-           "now", "pick", "push_sum", "run"]
+def __getattr__(name: str) -> Any:
+    """``push_sum``, the old name of :func:`async_push_sum` (deprecated: it
+    reads as the synchronous :func:`jaxfog.optax.push_sum`)."""
+    if name == "push_sum":
+        warnings.warn("jaxfog.asynchrony.push_sum is deprecated: it is asynchronous "
+                      "push-sum, now jaxfog.asynchrony.async_push_sum (the name of its optax "
+                      "form, jaxfog.optax.async_push_sum; jaxfog.optax.push_sum is the "
+                      "synchronous algorithm)", FutureWarning, stacklevel=2)
+        return async_push_sum
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["ADPSGDState", "HopState", "OptaxState", "Trainer", "adpsgd", "async_push_sum",
+           "from_optax", "hop", "now", "pick", "run"]

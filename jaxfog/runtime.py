@@ -141,7 +141,7 @@ def _run_shutdown_hooks(stage: str) -> None:
         except Exception as error:  # e.g. a peer died: the next hooks and the release run
             warnings.warn(f"jaxfog.shutdown ({stage}): {error}", RuntimeWarning)
 # Bumped whenever a topology changes; the ops layer registers a listener
-# that keys JAX's jit caches on it (see jaxfog.ops._primitive).
+# that keys JAX's jit caches on it (see jaxfog.ops._primitive_machinery).
 _topology_generation = 0
 _topology_listeners: list[Callable[[int], None]] = []
 

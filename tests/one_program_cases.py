@@ -139,7 +139,7 @@ def cases(n: int) -> list[Case]:
     compute = 1.0 + np.array([0.0, 0.0137, 0.0291, 0.0419])[:n]
     trainers = [
         ("from_optax(atc)", lambda: jfa.from_optax(jfo.atc(optax.sgd(lr)))),
-        ("push_sum", lambda: jfa.push_sum(optax.sgd(lr))),
+        ("push_sum", lambda: jfa.async_push_sum(optax.sgd(lr))),
         ("adpsgd", lambda: jfa.adpsgd(optax.sgd(lr))),
         ("hop", lambda: jfa.hop(optax.sgd(lr))),
         ("hop, no staleness bound, one backup, no skips",

@@ -50,10 +50,24 @@ def test_async_push_sum_is_push_sum_when_agents_step_together():
     problem, topo = least_squares(N), T.exponential(N)
     lr = 0.5 / problem.lipschitz
     x0 = _x0(problem, N)
-    ours, _ = _train(jfa.push_sum(optax.sgd(lr)), problem, topo, 40, x0)
+    ours, _ = _train(jfa.async_push_sum(optax.sgd(lr)), problem, topo, 40, x0)
     theirs, _ = _train(jfa.from_optax(jfo.push_sum(optax.sgd(lr), topology=topo)), problem,
                        topo, 40, x0)
     np.testing.assert_allclose(ours, theirs, rtol=1e-11, atol=1e-12)
+
+
+def test_push_sum_is_the_deprecated_name_of_async_push_sum():
+    """jaxfog.asynchrony.push_sum, the old name (it read as the synchronous
+    jaxfog.optax.push_sum), still gives async_push_sum, and warns."""
+    with pytest.warns(FutureWarning, match="jaxfog.asynchrony.async_push_sum"):
+        old = jfa.push_sum
+    assert old is jfa.async_push_sum
+    with pytest.warns(FutureWarning):
+        from jaxfog.asynchrony import push_sum
+    assert push_sum is old
+    assert "push_sum" not in jfa.__all__
+    with pytest.raises(AttributeError):
+        jfa.no_such_trainer
 
 
 def test_async_push_sum_consensus_conserves_mass_on_a_directed_graph():
@@ -61,7 +75,7 @@ def test_async_push_sum_consensus_conserves_mass_on_a_directed_graph():
     n = 5
     topo = directed_graph(n, rng)
     x0 = jnp.asarray(rng.standard_normal((n, 3)))
-    trainer = jfa.push_sum(optax.sgd(0.0))
+    trainer = jfa.async_push_sum(optax.sgd(0.0))
 
     def agent(x):
         state = trainer.init(x)

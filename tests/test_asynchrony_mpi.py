@@ -28,7 +28,7 @@ def test_async_push_sum_mass_and_consensus_with_a_sleeping_rank():
     r, n = jf.rank(), jf.size()
     x0 = np.random.default_rng(r).standard_normal(4) + r
     mean = np.mean([np.random.default_rng(q).standard_normal(4) + q for q in range(n)], 0)
-    trainer = jfa.push_sum(optax.sgd(0.0))
+    trainer = jfa.async_push_sum(optax.sgd(0.0))
     state = trainer.init(jnp.asarray(x0))
     zero = lambda p, k: jnp.zeros_like(p)  # noqa: E731
     nap = (lambda s: time.sleep(0.003)) if r == 0 else None
@@ -169,7 +169,7 @@ def _peer_dies_mid_run():
     import jaxfog.asynchrony as jfa
 
     jf.init()
-    make = {"push_sum": jfa.push_sum, "adpsgd": jfa.adpsgd,
+    make = {"push_sum": jfa.async_push_sum, "adpsgd": jfa.adpsgd,
             "hop": lambda inner: jfa.hop(inner, staleness=1)}[os.environ["TRAINER"]]
     trainer = make(optax.sgd(0.01))
     state = trainer.init(jnp.ones(1000))
@@ -205,7 +205,7 @@ def test_the_warm_up_compiles_every_piece_of_a_step_before_the_clock_starts():
     monitoring.register_event_duration_secs_listener(
         lambda name, secs, **kw: events.append((name, kw)) if "/jax/core/compile/" in name else None)
     grad_fn = lambda p, k: 0.1 * p  # noqa: E731
-    for make in (lambda: jfa.push_sum(optax.sgd(0.1)), lambda: jfa.adpsgd(optax.sgd(0.1)),
+    for make in (lambda: jfa.async_push_sum(optax.sgd(0.1)), lambda: jfa.adpsgd(optax.sgd(0.1)),
                  lambda: jfa.hop(optax.sgd(0.1), staleness=None, backups=1)):
         trainer = make()
         state = trainer.init(jnp.arange(4.0) + jf.rank())
@@ -218,7 +218,7 @@ def test_the_warm_up_compiles_every_piece_of_a_step_before_the_clock_starts():
         trainer.free()
     # run() warms up by default, once, before the first step.
     calls = []
-    trainer = jfa.push_sum(optax.sgd(0.1))
+    trainer = jfa.async_push_sum(optax.sgd(0.1))
     state = trainer.init(jnp.zeros(4))
     spy = trainer._replace(compile=lambda s, g: calls.append(int(s.iteration)))
     jfa.run(spy, state, grad_fn, 3)

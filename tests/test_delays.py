@@ -59,7 +59,7 @@ def test_equal_speeds_reproduce_the_synchronous_iterates(delays):
     x0, same = _x0(problem, N), _x0(problem, N, same=True)
     atc = jfa.from_optax(jfo.atc(optax.sgd(lr), topology=topo))
     pairs = [
-        (jfa.push_sum(optax.sgd(lr)), jfa.from_optax(jfo.push_sum(optax.sgd(lr), topology=topo)),
+        (jfa.async_push_sum(optax.sgd(lr)), jfa.from_optax(jfo.push_sum(optax.sgd(lr), topology=topo)),
          x0, 0),
         (jfa.hop(optax.sgd(lr), staleness=0, backups=0, skip=False), atc, same, 1),
     ]
@@ -125,7 +125,7 @@ def test_straggler_runs_are_reproducible_and_asynchronous_agents_do_not_wait():
         return jf.Delays.straggler(N, 4.0, message=np.random.default_rng(seed).uniform(
             0.05, 0.3, (N, N)), jitter=0.3, seed=seed)
 
-    for make in (lambda: jfa.push_sum(optax.sgd(lr)), lambda: jfa.adpsgd(optax.sgd(lr), seed=2),
+    for make in (lambda: jfa.async_push_sum(optax.sgd(lr)), lambda: jfa.adpsgd(optax.sgd(lr), seed=2),
                  lambda: jfa.hop(optax.sgd(lr), staleness=None, backups=1)):
         first = _train(make(), problem, topo, 20, _x0(problem, N), delays(1))
         again = _train(make(), problem, topo, 20, _x0(problem, N), delays(1))
@@ -142,7 +142,7 @@ def test_push_sum_mass_is_exact_once_the_messages_in_flight_land():
     n = 5
     topo = directed_graph(n, rng)
     x0 = jnp.asarray(rng.standard_normal((n, 3)))
-    trainer = jfa.push_sum(optax.sgd(0.0))
+    trainer = jfa.async_push_sum(optax.sgd(0.0))
     delays = jf.Delays.straggler(n, 3.0, message=rng.uniform(0.1, 2.0, (n, n)), jitter=0.5)
 
     def agent(x):
@@ -200,7 +200,7 @@ def test_pair_gossip_with_traced_peers():
 
 def test_run_until_a_simulated_time_in_chunks():
     topo = T.exponential(N)
-    trainer = jfa.push_sum(optax.sgd(0.1))
+    trainer = jfa.async_push_sum(optax.sgd(0.1))
     x0 = jnp.asarray(np.random.default_rng(6).standard_normal((N, 3)))
     grad_fn = lambda p, k: p  # noqa: E731
     init = jf.simulate(trainer.init, topo)

@@ -104,7 +104,7 @@ def self_exchange_values() -> None:
     import ml_dtypes
 
     from jaxfog.ops import _plan
-    from jaxfog.ops import _primitives as P
+    from jaxfog.ops import _op_primitives as P
 
     assert jf.size() == 1
     plan = _plan.Plan((0.25,), sends=(((0, 2.0),),), recvs=(((0, 0.5),),))

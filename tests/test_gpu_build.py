@@ -29,7 +29,7 @@ import jaxfog as jf
 from jaxfog import ffi, runtime
 from jaxfog.ffi import _nccl_setup as nccl_setup
 from jaxfog.ops import _plan
-from jaxfog.ops import _primitives as P
+from jaxfog.ops import _op_primitives as P
 from mpi_harness import mpi_test
 from jaxfog.testing import run_mpi
 import test_ops_mpi

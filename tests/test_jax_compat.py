@@ -116,7 +116,7 @@ AOT_TOKEN_BUG = {(0, 12)}
 
 def test_aot_guard_keeps_every_call_on_the_token_path():
     jf.init()
-    from jaxfog.ops._primitive import CommEffect
+    from jaxfog.ops._primitive_machinery import CommEffect
 
     def compiled():
         return jax.jit(jf.allreduce).lower(jnp.ones(3)).compile()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jaxfog as jf
-from jaxfog.ops._primitive import CommEffect
+from jaxfog.ops._primitive_machinery import CommEffect
 
 pytestmark = pytest.mark.jax_internals
 

@@ -29,8 +29,8 @@ LAYERS = [
     ("who the agents are: the MPI runtime, or the simulation being traced",
      ["jaxfog._context", "jaxfog.runtime", "jaxfog.traffic"]),
     ("arguments, plans, and the FFI primitives with their rules",
-     ["jaxfog.ops._jax_compat", "jaxfog.ops._plan", "jaxfog.ops._args", "jaxfog.ops._primitive",
-      "jaxfog.ops.jit", "jaxfog.ops._nccl", "jaxfog.ops._primitives", "jaxfog.ops._nonblocking"]),
+     ["jaxfog.ops._jax_compat", "jaxfog.ops._plan", "jaxfog.ops._args", "jaxfog.ops._primitive_machinery",
+      "jaxfog.ops.jit", "jaxfog.ops._nccl", "jaxfog.ops._op_primitives", "jaxfog.ops._call"]),
     ("backends: one method per op (MPI, and the simulation's)",
      ["jaxfog.ops._backends._numerics", "jaxfog.ops._backends._window_spec",
       "jaxfog.ops._backends.mpi_windows", "jaxfog.ops._backends.mpi", "jaxfog.ops._backends",
@@ -178,6 +178,20 @@ def test_public_names_resolve_and_backends_implement_every_op():
     for backend in (backends.mpi.MpiBackend, SimulatedBackend):
         missing = {op for op in ops if not callable(getattr(backend, op, None))}
         assert not missing, f"{backend.__name__} lacks {sorted(missing)}"
+        # One class per concern (Ops, Windows, TrainingLoop, SharedValues),
+        # each implementing its protocol, and the backend their union.
+        assert len(backend.__bases__) == len(backends.CONCERNS), backend.__bases__
+        for concern, part in zip(backends.CONCERNS, backend.__bases__):
+            names = {n for n in vars(concern) if not n.startswith("_")}
+            missing = {n for n in names if not callable(getattr(part, n, None))}
+            assert not missing, f"{part.__name__} ({concern.__name__}) lacks {sorted(missing)}"
+    # The ops that start: one table per backend, keyed alike, naming every
+    # nonblocking form's op.
+    from jaxfog.simulation import _backend as simulated
+    assert set(backends.mpi.CALLS) == set(simulated.STARTS)
+    nonblocking = {op.removesuffix("_nonblocking") for op, family in jaxfog.ops.OPS.items()
+                   if op.endswith("_nonblocking")}
+    assert nonblocking - {"win_accumulate"} == set(backends.mpi.CALLS)
 
 
 

@@ -94,12 +94,12 @@ def test_python_primitives_name_exactly_the_table_targets():
     import importlib
 
     import jaxfog.ops
-    from jaxfog.ops import _primitive
+    from jaxfog.ops import _primitive_machinery
 
     for family in set(jaxfog.ops.OPS.values()):  # jaxfog.ops is lazy: define every primitive
         importlib.import_module(f"jaxfog.ops.{family}")
 
-    assert _primitive.TARGETS == {name: spec.target for name, spec in ffi.op_table().items()}
+    assert _primitive_machinery.TARGETS == {name: spec.target for name, spec in ffi.op_table().items()}
 
 
 def test_the_nonblocking_ops_are_exactly_those_python_starts():
@@ -120,7 +120,7 @@ def test_the_nonblocking_ops_are_exactly_those_python_starts():
 
 def test_nccl_rules_cover_exactly_the_ops_with_an_nccl_handler():
     """An op lowers to NCCL on GPU arrays through its rule in jaxfog.ops._nccl
-    (whose primitives _primitives registers that lowering for) and the NCCL
+    (whose primitives _op_primitives registers that lowering for) and the NCCL
     handler the op table names for it: the two lists agree."""
     from jaxfog.ops import _nccl
 

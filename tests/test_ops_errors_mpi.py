@@ -158,7 +158,7 @@ def test_layouts_in_headers_are_short_and_count_the_leaves():
     import jax.numpy as jnp
     from jax import core
 
-    from jaxfog.ops._primitive import LAYOUT_CHARS, layout
+    from jaxfog.ops._primitive_machinery import LAYOUT_CHARS, layout
 
     def avals(*specs):
         return [core.ShapedArray(shape, dtype) for shape, dtype in specs]

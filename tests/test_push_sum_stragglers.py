@@ -32,7 +32,7 @@ def _run_simulated(dtype, delays, until, learn):
     problem, topo = least_squares(N), T.exponential(N)
     loss = problem.loss(N)
     lr = 0.5 / problem.lipschitz if learn else 0.0
-    trainer = jfa.push_sum(optax.sgd(lr))
+    trainer = jfa.async_push_sum(optax.sgd(lr))
     jf.reset_clocks()
 
     def agent(x, a, b):
@@ -119,14 +119,14 @@ def test_stragglers_on_mpi_processes():
         x0 = [jnp.asarray(np.random.default_rng(q).standard_normal(6) + q, dtype)
               for q in range(n)]
         # A straggler 100 times as slow: ~0.1 s a step against ~1 ms.
-        trainer = jfa.push_sum(optax.sgd(0.0))
+        trainer = jfa.async_push_sum(optax.sgd(0.0))
         state = trainer.init(x0[r])
         nap = (lambda s: time.sleep(0.1)) if r == slow else None
         state = jfa.run(trainer, state, zero, 3 if r == slow else 300, callback=nap)
         drain_and_check(trainer, state, x0, f"{dtype.__name__}, 100x")
         trainer.free()
         # A peer that collects only once the others have done 10,000 steps.
-        trainer = jfa.push_sum(optax.sgd(0.0))
+        trainer = jfa.async_push_sum(optax.sgd(0.0))
         state = trainer.init(x0[r])
         if r == slow:
             for q in range(n - 1):

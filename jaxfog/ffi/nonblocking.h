@@ -11,7 +11,7 @@
 // The ticket is a float32 scalar holding a small integer id, so that it can
 // carry a cotangent: the adjoint of start/wait is start/wait of the adjoint
 // op, and the adjoint start's ticket travels back as the cotangent of the
-// forward ticket (jaxfog/ops/_nonblocking.py). Ticket 0 is the zero
+// forward ticket (jaxfog/ops/_call.py). Ticket 0 is the zero
 // cotangent: waiting for it gives zeros, and no op has it.
 //
 // The start's call frame is the op's own (attributes, token, inputs, token,

@@ -23,7 +23,7 @@ namespace jaxfog {
 namespace ffi = ::xla::ffi;
 
 // One message's shapes and dtypes in words ("f32[3,4], i32[]"), written at
-// trace time (jaxfog/ops/_primitive.py, which shortens it to fit), so that a
+// trace time (jaxfog/ops/_primitive_machinery.py, which shortens it to fit), so that a
 // mismatch shows each side's. Fixed size: it travels in every message header.
 struct LayoutText {
   static constexpr size_t kSize = 88;

@@ -2,7 +2,7 @@
 
 Each public op resolves its arguments once (:mod:`jaxfog.ops._args`) and runs
 on the backend :func:`jaxfog.ops._backends.current` picks: the FFI primitives
-(:mod:`jaxfog.ops._primitives`, custom calls into the C++ library over MPI) or
+(:mod:`jaxfog.ops._op_primitives`, custom calls into the C++ library over MPI) or
 the simulation's ``lax`` collectives. See ``docs/architecture.rst``.
 
 ``OPS`` below is the one list of public ops: the name of each and the module

@@ -32,7 +32,7 @@ from jax.interpreters import mlir
 
 from jaxfog import ffi, runtime
 from jaxfog.ffi import _nccl_setup
-from jaxfog.ops._primitive import GENERIC_LOWERINGS, lower_comm_call, message
+from jaxfog.ops._primitive_machinery import GENERIC_LOWERINGS, lower_comm_call, message
 
 def active(comm_id: int) -> bool:
     """Whether ops on communicator ``comm_id`` lower to NCCL (the world
@@ -174,7 +174,7 @@ def _allgather(ctx, *xs, size, comm_id):
 
 
 #: The NCCL rule of each op NCCL covers (those with an NCCL handler in the op
-#: table, jaxfog/ffi/ops.h; _primitives registers this lowering for them); a
+#: table, jaxfog/ffi/ops.h; _op_primitives registers this lowering for them); a
 #: rule returns None for the cases it leaves to the host-staged call.
 RULES: dict[str, Callable] = {
     "neighbor_allreduce": _neighbor_allreduce, "neighbor_allgather": _neighbor_allgather,

@@ -35,7 +35,7 @@ from jax.interpreters import mlir
 
 from jaxfog import _validate as V
 from jaxfog.ops import _jax_compat
-from jaxfog.ops._primitive import CommEffect, comm_effect
+from jaxfog.ops._primitive_machinery import CommEffect, comm_effect
 
 
 def _is_comm(effect: Any) -> bool:

@@ -68,10 +68,17 @@ class Handle:
         return f"Handle({self.op})"
 
 
+def _started(op: str, leaves: list, treedef: Any, args: Any, label: str,
+             result: Any) -> Handle:
+    """Starts ``op`` on the backend (the one call of its ``start``): a handle
+    named ``label`` whose wait gives a result of structure ``result``."""
+    arrays, started = _backends.current().start(op, leaves, treedef, args)
+    return Handle(arrays, (label, started, result))
+
+
 def _start(op: str, x: Any, args: Any) -> Handle:
     leaves, treedef = _args.leaves(op, x)
-    arrays, started = _backends.current().start(op, leaves, args)
-    return Handle(arrays, (op, started, treedef))
+    return _started(op, leaves, treedef, args, op, treedef)
 
 
 def _start_put(x: Any, name: str, self_weight: Any, dst_weights: Any, require_mutex: bool,
@@ -79,8 +86,8 @@ def _start_put(x: Any, name: str, self_weight: Any, dst_weights: Any, require_mu
     args = _args.win_put(name=name, self_weight=self_weight, dst_weights=dst_weights,
                          require_mutex=require_mutex, accumulate=accumulate)
     leaves, treedef = _args.leaves(args.what, x)
-    arrays, started = _backends.current().start("win_put", leaves, treedef, args)
-    return Handle(arrays, (args.what.removeprefix("jaxfog."), started, treedef))
+    return _started("win_put", leaves, treedef, args, args.what.removeprefix("jaxfog."),
+                    treedef)
 
 
 def wait(handle: Handle) -> Any:
@@ -188,8 +195,7 @@ def win_get_nonblocking(name: str, *, src_weights: Any = None,
     """Starts :func:`jaxfog.ops.window.win_get` (same arguments); :func:`wait` gives True
     once the slots hold what was read."""
     args = _args.win_get(name=name, src_weights=src_weights, require_mutex=require_mutex)
-    arrays, started = _backends.current().start("win_get", args)
-    return Handle(arrays, ("win_get", started, jax.tree.structure(True)))
+    return _started("win_get", [], None, args, "win_get", jax.tree.structure(True))
 
 
 __all__ = ["Handle", "allgather_nonblocking", "allreduce_nonblocking",

@@ -9,7 +9,7 @@ import numpy as np
 from jaxfog import runtime
 from jaxfog.ops import _backends
 from jaxfog.ops._backends import mpi
-from jaxfog.ops._primitive import target
+from jaxfog.ops._primitive_machinery import target
 
 # Queries without communication: plain (effect-free) FFI calls.
 _RANK, _SIZE = target("rank"), target("size")

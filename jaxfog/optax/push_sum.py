@@ -114,7 +114,9 @@ def push_sum(inner: optax.GradientTransformation, *, topology: Any = None
     graphs, where :math:`W` is not doubly stochastic. The weight travels in
     the same message as the numerator: one neighbour exchange per step. With
     ``inner=optax.sgd(a)`` this is stochastic gradient push; with zero
-    updates, push-sum averaging.
+    updates, push-sum averaging. Its asynchronous form, over one-sided windows, is
+    :func:`async_push_sum` (as a trainer,
+    :func:`jaxfog.asynchrony.async_push_sum`).
 
     Args:
       inner: the local optimizer, any optax transformation. Its ``update``

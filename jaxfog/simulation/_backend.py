@@ -28,7 +28,7 @@ in float32. It is the oracle the MPI backend is tested against.
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -280,17 +280,25 @@ class SimulatedStart(NamedTuple):
     timed: bool
 
 
-class SimulatedBackend:
-    """Ops on the agents of the simulation being traced."""
+class _OnAgents:
+    """A concern of the simulation backend, on the simulation being traced."""
 
     def __init__(self, sim: _context.Simulation):
         self.sim = sim
 
+
+class SimulatedOps(_OnAgents):
+    """The message ops on the agents, as ``lax`` collectives."""
+
     # A nonblocking op is computed at its start and held back until its wait,
     # where the agent's clock waits for its messages.
-    def start(self, op: str, *inputs: Any) -> tuple[list, SimulatedStart]:
+    def start(self, op: str, leaves: list, treedef: Any, args: Any
+              ) -> tuple[list, SimulatedStart]:
+        compute = STARTS.get(op)
+        if compute is None:
+            raise NotImplementedError(f"jaxfog.{op} has no nonblocking form")
         with _clock.recording_arrivals() as arrivals:
-            outs = getattr(self, op)(*inputs)
+            outs = compute(self, leaves, treedef, args)
         outs = [True] if outs is True else list(outs)  # a get: True
         if not arrivals:
             return outs, SimulatedStart(len(outs), False)
@@ -403,7 +411,10 @@ class SimulatedBackend:
         """Simulated agents run in lockstep: only their clocks wait."""
         _clock.synchronize()
 
-    # One-sided windows: JAX references, immediate delivery (simulation/_windows.py).
+
+class SimulatedWindows(_OnAgents):
+    """One-sided windows: JAX references, immediate delivery (simulation/_windows.py)."""
+
     def win_create(self, leaves: list, treedef: Any, args: _args.WinCreate) -> bool:
         return _windows.win_create(self.sim, leaves, treedef, args)
 
@@ -423,7 +434,10 @@ class SimulatedBackend:
     win_weight = staticmethod(_windows.win_weight)
     win_mutex = staticmethod(_windows.win_mutex)
 
-    # An agent's training loop (jaxfog.ops._agent): simulated time, traced steps.
+
+class SimulatedTrainingLoop(_OnAgents):
+    """An agent's training loop (jaxfog.ops._agent): simulated time, traced steps."""
+
     def now(self) -> Any:
         return _clock.now()
 
@@ -435,6 +449,17 @@ class SimulatedBackend:
 
     def settle(self) -> None:
         """Nothing: a simulated put lands at once (or after its delay)."""
+
+    def run(self, trainer: Any, state: Any, grad_fn: Any, iterations: int, until: Any, *,
+            warmup: bool, poll: float, callback: Any) -> Any:
+        if callback is not None:
+            raise TypeError("run: callback runs on MPI only; on simulated agents call run "
+                            "in chunks of iterations")
+        return _run(self.sim, trainer, state, grad_fn, iterations, until)
+
+
+class SimulatedSharedValues(_OnAgents):
+    """AD-PSGD's shared models: a window's published value (simulation/_windows.py)."""
 
     def value_create(self, leaves: list, treedef: Any, name: str, peers: np.ndarray) -> None:
         args = _args.win_create(name=name, zero_init=False, with_weight=False, src_ranks=None)
@@ -452,12 +477,32 @@ class SimulatedBackend:
     def value_compile(self, name: str) -> None:
         """Nothing to compile."""
 
-    def run(self, trainer: Any, state: Any, grad_fn: Any, iterations: int, until: Any, *,
-            warmup: bool, poll: float, callback: Any) -> Any:
-        if callback is not None:
-            raise TypeError("run: callback runs on MPI only; on simulated agents call run "
-                            "in chunks of iterations")
-        return _run(self.sim, trainer, state, grad_fn, iterations, until)
+
+def _message(method: Callable[[Any, list, Any], list]) -> Callable[..., list]:
+    """A message op's method as a start calls it (its treedef unused)."""
+    return lambda backend, leaves, treedef, args: method(backend, leaves, args)
+
+
+#: The ops with a nonblocking form, each with what computes it from a start's
+#: inputs (``leaves, treedef, args``): the blocking op's method. The keys are
+#: those of the MPI backend's ``jaxfog.ops._backends.mpi.CALLS``.
+STARTS: dict[str, Callable[..., Any]] = {
+    "neighbor_allreduce": _message(SimulatedOps.neighbor_allreduce),
+    "pair_gossip": _message(SimulatedOps.pair_gossip),
+    "neighbor_allgather": _message(SimulatedOps.neighbor_allgather),
+    "allreduce": _message(SimulatedOps.allreduce),
+    "broadcast": _message(SimulatedOps.broadcast),
+    "allgather": _message(SimulatedOps.allgather),
+    "win_put": lambda backend, leaves, treedef, args: _windows.win_put(
+        backend.sim, leaves, treedef, args),
+    "win_get": lambda backend, leaves, treedef, args: _windows.win_get(backend.sim, args),
+}
+
+
+class SimulatedBackend(SimulatedOps, SimulatedWindows, SimulatedTrainingLoop,
+                       SimulatedSharedValues):
+    """Ops on the agents of the simulation being traced: the four concerns of
+    ``jaxfog.ops._backends.Backend``."""
 
 
 def _run(sim: _context.Simulation, trainer: Any, state: Any, grad_fn: Any, iterations: int,

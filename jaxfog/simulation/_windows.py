@@ -44,7 +44,7 @@ from jax import lax
 from jaxfog import _context
 from jaxfog import topology as T
 from jaxfog.errors import BackendError
-from jaxfog.ops import _args, _primitive
+from jaxfog.ops import _args, _primitive_machinery
 from jaxfog.ops._backends import _numerics, _window_spec
 from jaxfog.simulation import _clock
 
@@ -102,7 +102,7 @@ def keep(session_specs: dict[str, _window_spec.WindowSpec], states: dict[str, di
          freed: set[str]) -> None:
     """Outside the vmap: keeps the windows created by a call (stacked states)."""
     if freed or states:
-        _primitive.windows_changed()
+        _primitive_machinery.windows_changed()
     for name in freed:
         _kept.pop(name, None)
     for name, state in states.items():

@@ -3,13 +3,18 @@
 While ``jaxfog.simulate`` traces the per-agent function, ops run on the
 simulated agents (the backend the simulation brings:
 ``jaxfog.simulation._backend``, ``lax`` collectives over the agent axis);
-otherwise on this job's MPI processes (:mod:`.mpi`, the FFI primitives). A
-backend has one method per op, taking the op's flat leaves and its resolved
-arguments (:mod:`jaxfog.ops._args`) and returning the result leaves;
-:class:`Backend` lists them, with what an agent's training loop needs (its
-clock, compiled steps, the loop, AD-PSGD's shared models:
-``jaxfog.ops._agent``). A new backend implements them; no module above
-``jaxfog.ops`` asks which backend it runs on.
+otherwise on this job's MPI processes (:mod:`.mpi`, the FFI primitives).
+
+What a backend implements comes in four concerns, one protocol each:
+:class:`Ops` (one method per message op, taking the op's flat leaves and its
+resolved arguments, :mod:`jaxfog.ops._args`, and returning the result leaves;
+the nonblocking start, wait and poll), :class:`Windows` (the one-sided
+windows), :class:`TrainingLoop` (what an agent's training loop needs: its
+clock, compiled steps, the loop; ``jaxfog.ops._agent``) and
+:class:`SharedValues` (AD-PSGD's shared models). :class:`Backend` is all
+four; each backend implements each concern in a class of its own and is
+their union. A new backend implements them; no module above ``jaxfog.ops``
+asks which backend it runs on.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ from jaxfog.ops._backends import mpi
 Leaves = list[jax.Array]
 
 
-class Backend(Protocol):
-    """What every backend implements (one method per op)."""
+class Ops(Protocol):
+    """The message ops (one method per op), and their nonblocking forms."""
 
     def neighbor_allreduce(self, leaves: Leaves, args: _args.NeighborAllreduce) -> Leaves: ...
 
@@ -46,17 +51,25 @@ class Backend(Protocol):
     def barrier(self) -> None: ...
 
     # Nonblocking ops (jaxfog.ops.nonblocking): ``start`` runs op ``op`` as
-    # its method would on ``inputs``, returning the arrays a handle holds and
-    # a hashable description; ``wait`` turns them into the op's result leaves.
-    def start(self, op: str, *inputs: Any) -> tuple[Leaves, Any]: ...
+    # its method would on the same inputs (a message op takes ``leaves`` and
+    # ``args``, ``win_put`` all three, ``win_get`` ``args``: the others are
+    # ``[]`` and None), returning the arrays a handle holds and a hashable
+    # description; ``wait`` turns them into the op's result leaves. Which ops
+    # start, and how, is each backend's table (``mpi.CALLS``,
+    # ``simulation._backend.STARTS``), keyed alike.
+    def start(self, op: str, leaves: Leaves, treedef: Any, args: Any
+              ) -> tuple[Leaves, Any]: ...
 
     def wait(self, arrays: Leaves, started: Any) -> Leaves: ...
 
     def poll(self, arrays: Leaves, started: Any) -> bool:
         """Whether ``wait`` would return at once (concrete arrays)."""
 
-    # One-sided windows (jaxfog.ops.window): the public functions resolve
-    # their arguments (jaxfog.ops._args.Win*) and call these.
+
+class Windows(Protocol):
+    """One-sided windows (jaxfog.ops.window): the public functions resolve
+    their arguments (jaxfog.ops._args.Win*) and call these."""
+
     def win_create(self, leaves: Leaves, treedef: Any, args: _args.WinCreate) -> bool: ...
 
     def win_free(self, name: str | None) -> bool: ...
@@ -73,9 +86,12 @@ class Backend(Protocol):
 
     def win_mutex(self, name: str, ranks: Any) -> ContextManager[None]: ...
 
-    # An agent's training loop (jaxfog.ops._agent, for jaxfog.asynchrony):
-    # what differs between running as processes in real time and as traced
-    # agents in simulated time.
+
+class TrainingLoop(Protocol):
+    """An agent's training loop (jaxfog.ops._agent, for jaxfog.asynchrony):
+    what differs between running as processes in real time and as traced
+    agents in simulated time."""
+
     def now(self) -> Any:
         """This agent's clock, in seconds."""
 
@@ -93,8 +109,11 @@ class Backend(Protocol):
         """The agent's loop of ``trainer.ready``/``trainer.step`` until ``iterations``
         or its clock reaches ``until``."""
 
-    # AD-PSGD's shared models: a window's published value, read, added to and
-    # averaged pairwise, atomically.
+
+class SharedValues(Protocol):
+    """AD-PSGD's shared models: a window's published value, read, added to and
+    averaged pairwise, atomically."""
+
     def value_create(self, leaves: Leaves, treedef: Any, name: str, peers: Any) -> None: ...
 
     def value_read(self, name: str) -> Any: ...
@@ -104,6 +123,14 @@ class Backend(Protocol):
     def value_pair_average(self, name: str, peer: Any) -> None: ...
 
     def value_compile(self, name: str) -> None: ...
+
+
+class Backend(Ops, Windows, TrainingLoop, SharedValues, Protocol):
+    """What every backend implements: the four concerns."""
+
+
+#: The concerns, each with the protocol a backend's class for it implements.
+CONCERNS = (Ops, Windows, TrainingLoop, SharedValues)
 
 
 def current() -> Backend:

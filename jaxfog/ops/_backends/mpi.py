@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax.numpy as jnp
 import numpy as np
@@ -17,9 +17,9 @@ import numpy as np
 from jaxfog import ffi, runtime
 from jaxfog.errors import JaxfogTimeoutError
 from jaxfog import topology as T
-from jaxfog.ops import _args, _nonblocking, _plan
-from jaxfog.ops._nonblocking import Call, StartedCall
-from jaxfog.ops import _primitives as P
+from jaxfog.ops import _args, _call, _plan
+from jaxfog.ops._call import Call, StartedCall
+from jaxfog.ops import _op_primitives as P
 from jaxfog.ops._backends import mpi_windows
 
 
@@ -103,38 +103,134 @@ class _InOrder:
         return outs
 
 
-class MpiBackend:
-    """Ops on this job's MPI processes, through jaxfog's C++ FFI library.
+# Each op with a nonblocking form is built as a Call; the blocking op runs it,
+# a start starts it (CALLS).
 
-    Each op with a nonblocking form is built as a :class:`Call` by a method
-    ``_<op>``; the blocking op runs it, :meth:`start` starts it."""
+
+def neighbor_allreduce_call(leaves: list, args: _args.NeighborAllreduce) -> Call:
+    rank = runtime.rank()
+    plan = _plan_for(args.graph, rank, args.local_view, args.what)
+    if args.check_topology:
+        _plan.check_matching(plan, runtime.communicator(), rank, args.what)
+    return _mix(leaves, plan, args.step, runtime.WORLD_COMM_ID)
+
+
+def pair_gossip_call(leaves: list, args: _args.PairGossip) -> Call:
+    if _args.is_traced(args.peer):
+        raise TypeError(f"{args.what}: peer is a traced value, but on MPI processes it "
+                        "must be concrete (an int, a concrete integer array, or a "
+                        "rank-indexed table of peers): the exchange with it is fixed when "
+                        "the op is compiled. Make it a static argument of jaxfog.jit, or "
+                        "pass the whole table of peers")
+    peer = int(args.peer)
+    alone = peer == runtime.rank()  # still an op: every rank counts its ops alike
+    return neighbor_allreduce_call(leaves, _args.neighbor_allreduce(
+        self_weight=1.0 if alone else 0.5, src_weights={} if alone else {peer: 0.5},
+        dst_weights=[] if alone else [peer], topology=None, step=None,
+        check_topology=False, name=args.what))
+
+
+def neighbor_allgather_call(leaves: list, args: _args.NeighborAllgather) -> Call:
+    rank, size, topology = runtime.rank(), runtime.size(), runtime.load_topology()
+
+    def ranks(given: Any, default: list[int], label: str) -> tuple[int, ...]:
+        if given is None:
+            return tuple(default)
+        return _plan.rank_tuple(given, size, rank, f"{args.what}: {label}")
+
+    def table(given: Any, label: str) -> np.ndarray | None:
+        if not _args.is_array(given) or np.ndim(given) != 2:
+            return None
+        if _args.is_traced(given):
+            raise TypeError(f"{args.what}: {label} is a traced value, but on MPI "
+                            "processes it must be concrete: the ranks fix the exchanges "
+                            "when the op is compiled")
+        return np.asarray(given)
+
+    def listed(given: Any, label: str) -> Any:
+        if _args.is_array(given):
+            table(given[None], label)  # a traced list: the same error
+            return np.asarray(given).tolist()
+        return given
+
+    sources = table(args.src_ranks, "src_ranks")
+    if sources is None:
+        order = None
+        recv = ranks(listed(args.src_ranks, "src_ranks"), topology.in_neighbors(rank),
+                     "src_ranks")
+    else:
+        # A rank-indexed table: this rank's row, in its order; an entry
+        # naming this rank (padding) is its own value, no message.
+        order = [int(j) for j in sources[rank]]
+        recv = tuple(sorted({j for j in order if j != rank}))
+    dst = table(args.dst_ranks, "dst_ranks")
+    if dst is not None:
+        send = tuple(sorted({int(j) for j in dst[rank] if j != rank}))
+    elif args.dst_ranks is None and sources is not None:  # whoever lists this rank
+        send = tuple(int(j) for j in range(size)
+                     if j != rank and rank in set(sources[j].tolist()))
+    else:
+        send = ranks(listed(args.dst_ranks, "dst_ranks"), topology.out_neighbors(rank),
+                     "dst_ranks")
+    out_shapes = tuple((len(recv) * (leaf.shape or (1,))[0], *leaf.shape[1:])
+                       for leaf in leaves)
+    call = Call(P.neighbor_allgather_p, list(leaves),
+                {"send_ranks": send, "recv_ranks": recv, "out_shapes": out_shapes,
+                 "comm_id": runtime.WORLD_COMM_ID})
+    if order is None:
+        return call
+    return call._replace(post=_InOrder(rank, tuple(order), recv), kept=list(leaves))
+
+
+def allreduce_call(leaves: list, args: _args.Allreduce) -> Call:
+    return Call(P.allreduce_p, list(leaves),
+                {"mean": args.mean, "comm_id": runtime.WORLD_COMM_ID})
+
+
+def broadcast_call(leaves: list, args: _args.Broadcast) -> Call:
+    return Call(P.broadcast_p, list(leaves),
+                {"root": args.root, "comm_id": runtime.WORLD_COMM_ID})
+
+
+def allgather_call(leaves: list, args: _args.Allgather) -> Call:
+    return Call(P.allgather_p, list(leaves),
+                {"size": runtime.size(), "comm_id": runtime.WORLD_COMM_ID})
+
+
+def _message(build: Callable[[list, Any], Call]) -> Callable[[list, Any, Any], Call]:
+    """A message op's builder as a start calls it (its treedef unused)."""
+    return lambda leaves, treedef, args: build(leaves, args)
+
+
+#: The ops with a nonblocking form, each with the function that builds its
+#: :class:`Call` from a start's inputs (``leaves, treedef, args``); the keys
+#: are those of the simulation's ``jaxfog.simulation._backend.STARTS``.
+CALLS: dict[str, Callable[[list, Any, Any], Call]] = {
+    "neighbor_allreduce": _message(neighbor_allreduce_call),
+    "pair_gossip": _message(pair_gossip_call),
+    "neighbor_allgather": _message(neighbor_allgather_call),
+    "allreduce": _message(allreduce_call),
+    "broadcast": _message(broadcast_call),
+    "allgather": _message(allgather_call),
+    "win_put": mpi_windows.win_put_call,
+    "win_get": lambda leaves, treedef, args: mpi_windows.win_get_call(args),
+}
+
+
+def _barrier() -> None:
+    P.barrier_p.bind(comm_id=runtime.WORLD_COMM_ID)
+
+
+class MpiOps:
+    """The message ops on this job's MPI processes, through jaxfog's C++ FFI
+    library: each runs its :class:`Call` (:data:`CALLS`), and a start starts
+    it."""
 
     def neighbor_allreduce(self, leaves: list, args: _args.NeighborAllreduce) -> list:
-        return self._neighbor_allreduce(leaves, args).run()
-
-    def _neighbor_allreduce(self, leaves: list, args: _args.NeighborAllreduce) -> Call:
-        rank = runtime.rank()
-        plan = _plan_for(args.graph, rank, args.local_view, args.what)
-        if args.check_topology:
-            _plan.check_matching(plan, runtime.communicator(), rank, args.what)
-        return _mix(leaves, plan, args.step, runtime.WORLD_COMM_ID)
+        return neighbor_allreduce_call(leaves, args).run()
 
     def pair_gossip(self, leaves: list, args: _args.PairGossip) -> list:
-        return self._pair_gossip(leaves, args).run()
-
-    def _pair_gossip(self, leaves: list, args: _args.PairGossip) -> Call:
-        if _args.is_traced(args.peer):
-            raise TypeError(f"{args.what}: peer is a traced value, but on MPI processes it "
-                            "must be concrete (an int, a concrete integer array, or a "
-                            "rank-indexed table of peers): the exchange with it is fixed when "
-                            "the op is compiled. Make it a static argument of jaxfog.jit, or "
-                            "pass the whole table of peers")
-        peer = int(args.peer)
-        alone = peer == runtime.rank()  # still an op: every rank counts its ops alike
-        return self._neighbor_allreduce(leaves, _args.neighbor_allreduce(
-            self_weight=1.0 if alone else 0.5, src_weights={} if alone else {peer: 0.5},
-            dst_weights=[] if alone else [peer], topology=None, step=None,
-            check_topology=False, name=args.what))
+        return pair_gossip_call(leaves, args).run()
 
     def hierarchical_neighbor_allreduce(
             self, leaves: list, args: _args.HierarchicalNeighborAllreduce) -> list:
@@ -149,107 +245,38 @@ class MpiBackend:
         return P.broadcast_p.bind(*local, root=0, comm_id=runtime.LOCAL_COMM_ID)
 
     def neighbor_allgather(self, leaves: list, args: _args.NeighborAllgather) -> list:
-        return self._neighbor_allgather(leaves, args).run()
-
-    def _neighbor_allgather(self, leaves: list, args: _args.NeighborAllgather) -> Call:
-        rank, size, topology = runtime.rank(), runtime.size(), runtime.load_topology()
-
-        def ranks(given: Any, default: list[int], label: str) -> tuple[int, ...]:
-            if given is None:
-                return tuple(default)
-            return _plan.rank_tuple(given, size, rank, f"{args.what}: {label}")
-
-        def table(given: Any, label: str) -> np.ndarray | None:
-            if not _args.is_array(given) or np.ndim(given) != 2:
-                return None
-            if _args.is_traced(given):
-                raise TypeError(f"{args.what}: {label} is a traced value, but on MPI "
-                                "processes it must be concrete: the ranks fix the exchanges "
-                                "when the op is compiled")
-            return np.asarray(given)
-
-        def listed(given: Any, label: str) -> Any:
-            if _args.is_array(given):
-                table(given[None], label)  # a traced list: the same error
-                return np.asarray(given).tolist()
-            return given
-
-        sources = table(args.src_ranks, "src_ranks")
-        if sources is None:
-            order = None
-            recv = ranks(listed(args.src_ranks, "src_ranks"), topology.in_neighbors(rank),
-                         "src_ranks")
-        else:
-            # A rank-indexed table: this rank's row, in its order; an entry
-            # naming this rank (padding) is its own value, no message.
-            order = [int(j) for j in sources[rank]]
-            recv = tuple(sorted({j for j in order if j != rank}))
-        dst = table(args.dst_ranks, "dst_ranks")
-        if dst is not None:
-            send = tuple(sorted({int(j) for j in dst[rank] if j != rank}))
-        elif args.dst_ranks is None and sources is not None:  # whoever lists this rank
-            send = tuple(int(j) for j in range(size)
-                         if j != rank and rank in set(sources[j].tolist()))
-        else:
-            send = ranks(listed(args.dst_ranks, "dst_ranks"), topology.out_neighbors(rank),
-                         "dst_ranks")
-        out_shapes = tuple((len(recv) * (leaf.shape or (1,))[0], *leaf.shape[1:])
-                           for leaf in leaves)
-        call = Call(P.neighbor_allgather_p, list(leaves),
-                    {"send_ranks": send, "recv_ranks": recv, "out_shapes": out_shapes,
-                     "comm_id": runtime.WORLD_COMM_ID})
-        if order is None:
-            return call
-        return call._replace(post=_InOrder(rank, tuple(order), recv), kept=list(leaves))
+        return neighbor_allgather_call(leaves, args).run()
 
     def allreduce(self, leaves: list, args: _args.Allreduce) -> list:
-        return self._allreduce(leaves, args).run()
-
-    def _allreduce(self, leaves: list, args: _args.Allreduce) -> Call:
-        return Call(P.allreduce_p, list(leaves),
-                    {"mean": args.mean, "comm_id": runtime.WORLD_COMM_ID})
+        return allreduce_call(leaves, args).run()
 
     def broadcast(self, leaves: list, args: _args.Broadcast) -> list:
-        return self._broadcast(leaves, args).run()
-
-    def _broadcast(self, leaves: list, args: _args.Broadcast) -> Call:
-        return Call(P.broadcast_p, list(leaves),
-                    {"root": args.root, "comm_id": runtime.WORLD_COMM_ID})
+        return broadcast_call(leaves, args).run()
 
     def allgather(self, leaves: list, args: _args.Allgather) -> list:
-        return self._allgather(leaves, args).run()
-
-    def _allgather(self, leaves: list, args: _args.Allgather) -> Call:
-        return Call(P.allgather_p, list(leaves),
-                    {"size": runtime.size(), "comm_id": runtime.WORLD_COMM_ID})
-
-    # Nonblocking ops: each op's Call started, and finished at the wait.
-    def start(self, op: str, *inputs: Any) -> tuple[list, StartedCall]:
-        build = getattr(self, "_" + op, None)
-        if build is None:
-            raise NotImplementedError(f"jaxfog.{op} has no nonblocking form")
-        return _nonblocking.start_call(build(*inputs))
-
-    wait = staticmethod(_nonblocking.wait_call)
-    poll = staticmethod(_nonblocking.poll_call)
-
-    _win_put = staticmethod(mpi_windows.win_put_call)
-    _win_get = staticmethod(mpi_windows.win_get_call)
+        return allgather_call(leaves, args).run()
 
     def barrier(self) -> None:
-        P.barrier_p.bind(comm_id=runtime.WORLD_COMM_ID)
+        _barrier()
 
-    # One-sided windows: MPI-3 RMA windows in the C++ library.
-    win_create = staticmethod(mpi_windows.win_create)
-    win_free = staticmethod(mpi_windows.win_free)
-    win_put = staticmethod(mpi_windows.win_put)
-    win_get = staticmethod(mpi_windows.win_get)
-    win_update = staticmethod(mpi_windows.win_update)
-    win_version = staticmethod(mpi_windows.win_version)
-    win_weight = staticmethod(mpi_windows.win_weight)
-    win_mutex = staticmethod(mpi_windows.win_mutex)
+    # Nonblocking ops: each op's Call started, and finished at the wait.
+    def start(self, op: str, leaves: list, treedef: Any, args: Any
+              ) -> tuple[list, StartedCall]:
+        build = CALLS.get(op)
+        if build is None:
+            raise NotImplementedError(f"jaxfog.{op} has no nonblocking form")
+        return _call.start_call(build(leaves, treedef, args))
 
-    # An agent's training loop (jaxfog.ops._agent): real time, compiled steps.
+    def wait(self, arrays: list, started: StartedCall) -> list:
+        return _call.wait_call(arrays, started)
+
+    def poll(self, arrays: list, started: StartedCall) -> bool:
+        return _call.poll_call(arrays, started)
+
+
+class MpiTrainingLoop:
+    """An agent's training loop (jaxfog.ops._agent): real time, compiled steps."""
+
     def now(self) -> float:
         return time.perf_counter()
 
@@ -261,13 +288,7 @@ class MpiBackend:
 
     def settle(self) -> None:
         """Every rank's one-sided writes so far have landed (a barrier)."""
-        self.barrier()
-
-    value_create = staticmethod(mpi_windows.value_create)
-    value_read = staticmethod(mpi_windows.value_read)
-    value_add = staticmethod(mpi_windows.value_add)
-    value_pair_average = staticmethod(mpi_windows.value_pair_average)
-    value_compile = staticmethod(mpi_windows.value_compile)
+        _barrier()
 
     def run(self, trainer: Any, state: Any, grad_fn: Any, iterations: int, until: Any, *,
             warmup: bool, poll: float, callback: Any) -> Any:
@@ -290,6 +311,12 @@ class MpiBackend:
             if callback is not None:
                 callback(state)
         return state
+
+
+class MpiBackend(MpiOps, mpi_windows.MpiWindows, MpiTrainingLoop,
+                 mpi_windows.MpiSharedValues):
+    """Ops on this job's MPI processes: the four concerns of
+    ``jaxfog.ops._backends.Backend``."""
 
 
 _BACKEND = MpiBackend()

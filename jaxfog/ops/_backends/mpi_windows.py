@@ -22,10 +22,10 @@ import numpy as np
 
 from jaxfog import ffi, runtime
 from jaxfog.errors import JaxfogError
-from jaxfog.ops import _args, _jax_compat, _plan, _primitive
-from jaxfog.ops import _primitives as P
+from jaxfog.ops import _args, _jax_compat, _plan, _primitive_machinery
+from jaxfog.ops import _op_primitives as P
 from jaxfog.ops.jit import jit
-from jaxfog.ops._nonblocking import Call
+from jaxfog.ops._call import Call
 from jaxfog.ops._backends import _numerics, _window_spec
 
 _ALIGN = 64  # the C++ window layout: each leaf (and the weight) at a multiple of 64 bytes
@@ -125,7 +125,7 @@ def win_create(leaves: list, treedef: Any, args: _args.WinCreate) -> bool:
           int(not args.zero_init))
     comm.Barrier()  # no rank writes into a window before every rank has filled it
     _windows[args.name] = window
-    _primitive.windows_changed()
+    _primitive_machinery.windows_changed()
     return True
 
 
@@ -135,7 +135,7 @@ def win_free(name: str | None) -> bool:
     for n in names:
         ffi.library().jaxfog_win_free(_windows.pop(n).id)
         _values.pop(n, None)
-    _primitive.windows_changed()
+    _primitive_machinery.windows_changed()
     return True
 
 
@@ -412,3 +412,28 @@ def value_compile(name: str) -> None:
         pieces["average"].lower(j).compile()
     with win_mutex(name, [runtime.rank()]):  # and the mutex's own small computations
         pass
+
+
+class MpiWindows:
+    """The windows of the MPI backend (``jaxfog.ops._backends.Windows``): the
+    functions above."""
+
+    win_create = staticmethod(win_create)
+    win_free = staticmethod(win_free)
+    win_put = staticmethod(win_put)
+    win_get = staticmethod(win_get)
+    win_update = staticmethod(win_update)
+    win_version = staticmethod(win_version)
+    win_weight = staticmethod(win_weight)
+    win_mutex = staticmethod(win_mutex)
+
+
+class MpiSharedValues:
+    """AD-PSGD's shared models on the MPI backend
+    (``jaxfog.ops._backends.SharedValues``): a window's published value."""
+
+    value_create = staticmethod(value_create)
+    value_read = staticmethod(value_read)
+    value_add = staticmethod(value_add)
+    value_pair_average = staticmethod(value_pair_average)
+    value_compile = staticmethod(value_compile)

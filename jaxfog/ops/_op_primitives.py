@@ -31,7 +31,7 @@ from jax.interpreters import ad, batching, mlir
 from jaxfog import runtime
 from jaxfog.ops import _nccl, _plan
 from jaxfog.ops.jit import jit
-from jaxfog.ops._primitive import (GENERIC_LOWERINGS, comm_effect, define, linear_jvp,
+from jaxfog.ops._primitive_machinery import (GENERIC_LOWERINGS, comm_effect, define, linear_jvp,
                                    linear_transpose, lower_comm_call, message,
                                    not_differentiable, register_lowering, target)
 

@@ -1,6 +1,11 @@
-"""The MPI backend's nonblocking ops: a start primitive and a wait primitive.
+"""An MPI op's call (:class:`Call`), run at once or started and waited for.
 
-``start_p`` runs one of the FFI primitives (``jaxfog.ops._primitives``) as
+Every op of the MPI backend is built as a :class:`Call` (one FFI primitive's
+call and the local step after it): the blocking op runs it
+(:meth:`Call.run`), the nonblocking op starts it (:func:`start_call`) and
+finishes it at the wait (:func:`wait_call`), through two primitives:
+
+``start_p`` runs one of the FFI primitives (``jaxfog.ops._op_primitives``) as
 its C++ start form, ``jaxfog_<op>_start`` (``jaxfog/ffi/nonblocking.h``): the
 inputs are copied before the call returns, the messages move on the
 communication thread in program order, and the call returns a *ticket*.
@@ -38,9 +43,9 @@ from jax.interpreters import ad, batching, mlir
 
 from jaxfog import ffi, runtime
 from jaxfog.errors import HandleError
-from jaxfog.ops._primitive import (ATTRIBUTES, comm_effect, differentiable, lower_comm_call,
+from jaxfog.ops._primitive_machinery import (ATTRIBUTES, comm_effect, differentiable, lower_comm_call,
                                    not_differentiable)
-from jaxfog.ops._primitives import ADJOINTS
+from jaxfog.ops._op_primitives import ADJOINTS
 from jaxfog.ops import _jax_compat
 
 #: The custom-call target of every wait (``jaxfog/ffi/nonblocking.cc``).
