@@ -226,6 +226,10 @@ def test_explicit_meshes_keep_the_gather_path():
                                    atol=1e-6)
 
 
+@pytest.mark.skipif(jax.__version_info__ >= (0, 12),
+                    reason="jax >= 0.12 lowers Pallas' Triton backend only for a GPU it "
+                           "can see (or an abstract device): tests/test_gpu.py compiles "
+                           "the kernel on the GPU machine")
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32])
 def test_triton_lowering_builds_without_a_gpu(dtype):
     n = 6
