@@ -51,8 +51,11 @@ def _faults(tmp_path, keep: str) -> float:
 def test_steady_state_steps_reuse_mapped_pages(tmp_path):
     kept = _faults(tmp_path, str(512 << 20))  # the default
     returned = _faults(tmp_path, "0")  # malloc as it is
-    # Measured here: 0-154 against 500-880 faults per step (1024 pages a buffer).
-    assert kept < 300 and kept < returned / 2, (kept, returned)
+    # Measured here: 0-154 against 500-880 faults per step on jax 0.10 (1024
+    # pages a buffer); on jax 0.12, whose CPU client reuses more on its own,
+    # 154 against 277. A step that faulted in a fresh 4 MiB buffer would
+    # take 1024: the bound is absolute, malloc's figure is for the message.
+    assert kept < 300, (kept, returned)
 
 
 def out_of_memory_body():
