@@ -124,20 +124,30 @@ def rank_main(args) -> None:
     n = agents.size
     shards, test = td.load(n)
     total_steps = args.epochs * (len(shards[0][1]) // args.batch)
-    # ip netns exec mounts the namespace's own /sys: this is the host's eth0.
-    counter = Path("/sys/class/net/eth0/statistics/tx_bytes")
-    wire = None if args.simulate else (lambda: int(counter.read_text()))
     results = {}
     for method in make_methods(n, args.lr, total_steps, args.methods.split(",")):
         rows = td.train(agents, method, shards, test, epochs=args.epochs, batch=args.batch,
                         seed=0, progress=False, hidden=args.hidden, target=args.target,
-                        wire_bytes=wire)
+                        wire_bytes=_wire_bytes(args))
         results[method.label] = rows
         if agents.is_root:
             last = rows[-1]
             print(f"{method.label}: {last['test_accuracy']:.2f}% after {last['epoch']} epochs,"
                   f" {last['wall_time']:.1f} s", flush=True)
-    rank = 0 if args.simulate else jf.rank()
+    _write_rank(args, agents, results)
+
+
+def _wire_bytes(args):
+    """What this host's eth0 has sent (``ip netns exec`` mounts the namespace's
+    own /sys); None for simulated agents."""
+    counter = Path("/sys/class/net/eth0/statistics/tx_bytes")
+    return None if args.simulate else (lambda: int(counter.read_text()))
+
+
+def _write_rank(args, agents, results: dict) -> None:
+    import jaxfog as jf
+
+    rank = 0 if agents.simulated else jf.rank()
     Path(args.rank_out, f"rank{rank}.json").write_text(json.dumps(results))
 
 
@@ -147,13 +157,11 @@ def lm_rank_main(args) -> None:
 
     agents = jf.Agents(simulated=4) if args.simulate else jf.Agents()
     size, data, model, runs = lm_setup(args, agents.size)
-    counter = Path("/sys/class/net/eth0/statistics/tx_bytes")
-    wire = None if args.simulate else (lambda: int(counter.read_text()))
     results = {}
     for method in runs:
         rows = lm.train(agents, method, data, size, model, steps=size.steps, seed=0,
                         straggler=1.0, message_time=0.0, progress=False, dtype="float32",
-                        target=args.target, wire_bytes=wire)
+                        target=args.target, wire_bytes=_wire_bytes(args))
         for row in rows:
             row["bytes_per_step"] = method.bytes_per_round(model[1]) / method.every
         results[method.label] = rows
@@ -161,8 +169,7 @@ def lm_rank_main(args) -> None:
             last = rows[-1]
             print(f"{method.label}: {last['val_bpb']:.3f} bpb after {last['step']} steps,"
                   f" {last['wall_time']:.1f} s", flush=True)
-    rank = 0 if args.simulate else jf.rank()
-    Path(args.rank_out, f"rank{rank}.json").write_text(json.dumps(results))
+    _write_rank(args, agents, results)
 
 
 #: Per model: the metric, whether it must rise to the target, the steps key.
