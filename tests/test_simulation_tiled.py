@@ -202,13 +202,12 @@ def test_the_switch(monkeypatch):
     monkeypatch.setenv(_tiled.ENV, "fast")
     with pytest.raises(ValueError, match="JAXFOG_SIM_MIXING='fast'"):
         step(X)
-    # auto on a GPU: the kernel from AUTO_MIN_BYTES of stacked leaf; a traced
-    # self weight keeps the gather path.
+    # auto on a GPU too: the gather path until the kernel is measured there;
+    # a traced self weight keeps the gather path even when tiled is asked for.
     monkeypatch.setenv(_tiled.ENV, "auto")
     monkeypatch.setattr(_tiled, "_on_gpu", lambda: True)
-    monkeypatch.setattr(_tiled, "AUTO_MIN_BYTES", n * 10 * 4)
-    assert _uses_kernel(step, X)
-    assert not _uses_kernel(step, X[:, :9])
+    assert not _uses_kernel(step, X)
+    monkeypatch.setenv(_tiled.ENV, "tiled")
     assert not _uses_kernel(jf.simulate(lambda x, s: jf.neighbor_allreduce(
         x, self_weight=s, src_weights=np.full((n, n), 0.1)), n), X, np.ones(n, np.float32))
 

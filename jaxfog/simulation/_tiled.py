@@ -36,9 +36,10 @@ Chosen by ``JAXFOG_SIM_MIXING`` (read when a simulation is traced):
 * ``gather``: today's path everywhere;
 * ``tiled``: the kernel on every platform (compiled by Triton on a GPU, run
   by Pallas' interpreter elsewhere: a check of its numerics, slow);
-* ``auto`` (the default): the kernel on a GPU when the stacked leaf holds at
-  least ``AUTO_MIN_BYTES``, the gather path otherwise, so CPU runs are
-  untouched.
+* ``auto`` (the default): the gather path, on every platform, until the GPU
+  check has compiled and timed the kernel (it has never run on a GPU; on one
+  it would also take forward-mode autodiff away). Then ``auto`` is to pick it
+  by platform and size from that table.
 
 Only a static W takes the tiled path (neighbor_allreduce on a Topology or a
 Schedule entry, a static local view, the optimizers that call it, and the
@@ -50,8 +51,7 @@ keep the gather path, as do values traced under a mesh with Explicit axes
 against numpy and the gather path in Pallas' interpreter on CPU, and its
 Triton lowering was built on CPU (not compiled by ptxas nor run);
 ``benchmarks/bench_gpu.py --part simulate`` reports it beside the gather path,
-the bound and dense W @ X, and ``AUTO_MIN_BYTES`` and ``GPU_TILE`` are guesses
-until it has run.
+the bound and dense W @ X, and ``GPU_TILE`` is a guess until it has run.
 """
 
 from __future__ import annotations
@@ -76,10 +76,6 @@ MODES = ("auto", "gather", "tiled")
 GPU_TILE = 1024
 #: Columns per program in Pallas' interpreter (small: the tests' ragged tiles).
 INTERPRET_TILE = 128
-#: ``auto`` takes the tiled path on a GPU from this many bytes of stacked leaf
-#: (below, X fits in L2 and the gather path already reads it about once). A
-#: guess until the GPU check measures both paths.
-AUTO_MIN_BYTES = 32 << 20
 
 
 class _Forced(threading.local):
@@ -135,10 +131,7 @@ def wanted(x: Any, sim: Any, self_weight: Any) -> bool:
         return False  # bool, complex: the gather path
     if _explicit_sharding(x):
         return False  # the kernel takes no sharded operands: the gather path
-    if chosen == "tiled":
-        return True
-    size = math.prod(jnp.shape(x)) * jnp.dtype(x.dtype).itemsize * sim.size
-    return _on_gpu() and size >= AUTO_MIN_BYTES
+    return chosen == "tiled"  # auto: the gather path until measured (module docstring)
 
 
 @functools.lru_cache(maxsize=256)
