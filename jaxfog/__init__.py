@@ -45,17 +45,17 @@ _LAZY = {"simulate": "jaxfog.simulation", "Agents": "jaxfog.simulation",
 if TYPE_CHECKING:  # the lazy names as type checkers see them (at run time: __getattr__)
     from jaxfog.ops.jit import jit
     from jaxfog.simulation import Agents, Delays, reset_clocks, simulate
-    from jaxfog.ops.collective import allgather, allreduce, broadcast
+    from jaxfog.ops.collective import (allgather, allgather_nonblocking, allreduce,
+                                       allreduce_nonblocking, broadcast, broadcast_nonblocking)
     from jaxfog.ops.hierarchical import hierarchical_neighbor_allreduce
-    from jaxfog.ops.neighbor import neighbor_allgather, neighbor_allreduce, pair_gossip
-    from jaxfog.ops.nonblocking import (
-        Handle, allgather_nonblocking, allreduce_nonblocking, broadcast_nonblocking,
-        neighbor_allgather_nonblocking, neighbor_allreduce_nonblocking, pair_gossip_nonblocking,
-        poll, wait, wait_all, win_accumulate_nonblocking, win_get_nonblocking,
-        win_put_nonblocking)
+    from jaxfog.ops.neighbor import (
+        neighbor_allgather, neighbor_allgather_nonblocking, neighbor_allreduce,
+        neighbor_allreduce_nonblocking, pair_gossip, pair_gossip_nonblocking)
+    from jaxfog.ops.nonblocking import Handle, poll, wait, wait_all
     from jaxfog.ops.process import barrier
     from jaxfog.ops.window import (
-        win_accumulate, win_create, win_free, win_get, win_mutex, win_put, win_update,
+        win_accumulate, win_accumulate_nonblocking, win_create, win_free, win_get,
+        win_get_nonblocking, win_mutex, win_put, win_put_nonblocking, win_update,
         win_update_then_collect, win_version, win_weight)
 
 

@@ -104,12 +104,12 @@ def self_exchange_values() -> None:
     import ml_dtypes
 
     from jaxfog.ops import _plan
-    from jaxfog.ops import _op_primitives as P
+    from jaxfog.ops.neighbor import neighbor_allreduce_p
 
     assert jf.size() == 1
     plan = _plan.Plan((0.25,), sends=(((0, 2.0),),), recvs=(((0, 0.5),),))
-    mix = jax.jit(lambda *xs: P.neighbor_allreduce_p.bind(jnp.int32(0), *xs, plan=plan,
-                                                          comm_id=0))
+    mix = jax.jit(lambda *xs: neighbor_allreduce_p.bind(jnp.int32(0), *xs, plan=plan,
+                                                        comm_id=0))
     rows = np.arange(12.0).reshape(3, 4) - 6  # exact in every dtype
     for dtype in (np.float32, ml_dtypes.bfloat16, np.float16, np.int32):
         (got,) = mix(jnp.asarray(rows.astype(dtype)))

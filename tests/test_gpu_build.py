@@ -29,7 +29,7 @@ import jaxfog as jf
 from jaxfog import ffi, runtime
 from jaxfog.ffi import _nccl_setup as nccl_setup
 from jaxfog.ops import _plan
-from jaxfog.ops import _op_primitives as P
+from jaxfog.ops.neighbor import neighbor_allreduce_p
 from mpi_harness import mpi_test
 from jaxfog.testing import run_mpi
 import test_ops_mpi
@@ -173,7 +173,7 @@ def test_cuda_lowering_with_nccl(nccl_state):
     assert _cuda_targets(lambda x: jf.allreduce(x, op="sum"), z) == ["jaxfog_allreduce"]
     assert _cuda_targets(lambda x: jf.neighbor_allreduce(x), z) == ["jaxfog_nccl_exchange"]
     schedule = _plan.Plan((0.5, 0.5), sends=((), ()), recvs=((), ()))
-    staged = lambda x: P.neighbor_allreduce_p.bind(jnp.int32(0), x, plan=schedule, comm_id=0)  # noqa: E731
+    staged = lambda x: neighbor_allreduce_p.bind(jnp.int32(0), x, plan=schedule, comm_id=0)  # noqa: E731
     assert _cuda_targets(staged, x) == ["jaxfog_neighbor_allreduce"]
 
 
@@ -182,7 +182,7 @@ def test_nccl_lowering_leaves_the_weighted_sum_to_xla(nccl_state):
     self and receive weights appear as XLA multiplies around one exchange."""
     plan = _plan.Plan((0.375,), sends=(((1, 0.25), (2, 1.0)),), recvs=(((1, 0.125), (3, 0.5)),))
     x = jnp.ones((3, 2), jnp.float32)  # float32 also where another test enabled x64
-    fn = lambda x: P.neighbor_allreduce_p.bind(jnp.int32(0), x, plan=plan, comm_id=0)  # noqa: E731
+    fn = lambda x: neighbor_allreduce_p.bind(jnp.int32(0), x, plan=plan, comm_id=0)  # noqa: E731
     text = jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",)).as_text()
     call = [line for line in text.splitlines() if "custom_call" in line]
     assert len(call) == 1 and "stacked = true" in call[0], call

@@ -28,15 +28,16 @@ LAYERS = [
      ["jaxfog.ffi._loader", "jaxfog.ffi", "jaxfog.ffi._nccl_setup"]),
     ("who the agents are: the MPI runtime, or the simulation being traced",
      ["jaxfog._context", "jaxfog.runtime", "jaxfog.traffic"]),
-    ("arguments, plans, and the FFI primitives with their rules",
-     ["jaxfog.ops._jax_compat", "jaxfog.ops._plan", "jaxfog.ops._args", "jaxfog.ops._primitive_machinery",
-      "jaxfog.ops.jit", "jaxfog.ops._nccl", "jaxfog.ops._op_primitives", "jaxfog.ops._call"]),
-    ("backends: one method per op (MPI, and the simulation's)",
+    ("what the ops share: arguments, plans, the primitives' machinery, the MPI call",
+     ["jaxfog.ops._jax_compat", "jaxfog.ops._plan", "jaxfog.ops._args",
+      "jaxfog.ops._primitive_machinery", "jaxfog.ops.jit", "jaxfog.ops._nccl",
+      "jaxfog.ops._backend_primitives", "jaxfog.ops._call"]),
+    ("backends: running an op (MPI, and the simulation's rules)",
      ["jaxfog.ops._backends._numerics", "jaxfog.ops._backends._window_spec",
       "jaxfog.ops._backends.mpi_windows", "jaxfog.ops._backends.mpi", "jaxfog.ops._backends",
       "jaxfog.simulation._clock", "jaxfog.simulation._windows", "jaxfog.simulation._tiled",
       "jaxfog.simulation._backend"]),
-    ("the public ops",
+    ("the ops, each in one block: arguments, primitive, rules, MPI call, public functions",
      ["jaxfog.ops.neighbor", "jaxfog.ops.collective", "jaxfog.ops.hierarchical",
       "jaxfog.ops.process", "jaxfog.ops.window", "jaxfog.ops.nonblocking", "jaxfog.ops._agent",
       "jaxfog.ops"]),
@@ -169,12 +170,7 @@ def test_public_names_resolve_and_backends_implement_every_op():
         assert callable(getattr(jaxfog.ops, name)), name
     assert set(jaxfog.ops.OPS) - set(jaxfog.__all__) == {"comm_rank", "comm_size"}
     ops = {name for name in dir(backends.Backend) if not name.startswith("_")}
-    # Every message op is a backend method (the window ops compose a few; the
-    # nonblocking forms go through the backend's start and wait).
-    message_ops = {op for op, family in jaxfog.ops.OPS.items()
-                   if family not in ("window", "nonblocking")}
-    assert {"start", "wait"} <= ops
-    assert message_ops - {"comm_rank", "comm_size"} <= ops
+    assert {"apply", "start", "wait", "poll"} <= ops
     for backend in (backends.mpi.MpiBackend, SimulatedBackend):
         missing = {op for op in ops if not callable(getattr(backend, op, None))}
         assert not missing, f"{backend.__name__} lacks {sorted(missing)}"
@@ -185,14 +181,18 @@ def test_public_names_resolve_and_backends_implement_every_op():
             names = {n for n in vars(concern) if not n.startswith("_")}
             missing = {n for n in names if not callable(getattr(part, n, None))}
             assert not missing, f"{part.__name__} ({concern.__name__}) lacks {sorted(missing)}"
-    # The ops that start: one table per backend, keyed alike, naming every
-    # nonblocking form's op.
-    from jaxfog.simulation import _backend as simulated
-    assert set(backends.mpi.CALLS) == set(simulated.STARTS)
-    nonblocking = {op.removesuffix("_nonblocking") for op, family in jaxfog.ops.OPS.items()
-                   if op.endswith("_nonblocking")}
-    assert nonblocking - {"win_accumulate"} == set(backends.mpi.CALLS)
+    # Every op (each module's Op records) has its rule on simulated agents,
+    # and exactly the ops that start have an MPI call to start.
+    import importlib
 
+    from jaxfog.simulation import _backend as simulated
+    records = [value for family in set(jaxfog.ops.OPS.values())
+               for value in vars(importlib.import_module(f"jaxfog.ops.{family}")).values()
+               if isinstance(value, backends.Op)]
+    assert {op.name for op in records} == set(simulated.SIMULATED)
+    nonblocking = {op.removesuffix("_nonblocking") for op in jaxfog.ops.OPS
+                   if op.endswith("_nonblocking")}
+    assert {op.name for op in records if op.mpi is not None} == nonblocking - {"win_accumulate"}
 
 
 def _documented_objects() -> list:

@@ -107,10 +107,10 @@ def test_the_nonblocking_ops_are_exactly_those_python_starts():
     and for neighbor_reduce_scatter, the adjoint neighbor_allgather's start
     transposes to (``ADJOINTS``); none for rank, size, barrier, fence,
     win_update and win_state."""
-    from jaxfog.ops import nonblocking
+    import jaxfog.ops
 
     table = ffi.op_table()
-    public = {name.removesuffix("_nonblocking") for name in nonblocking.__all__
+    public = {name.removesuffix("_nonblocking") for name in jaxfog.ops.OPS
               if name.endswith("_nonblocking")}
     assert {name for name, spec in table.items() if spec.nonblocking} == (
         (public & set(table)) | {"neighbor_reduce_scatter"})
@@ -119,10 +119,16 @@ def test_the_nonblocking_ops_are_exactly_those_python_starts():
 
 
 def test_nccl_rules_cover_exactly_the_ops_with_an_nccl_handler():
-    """An op lowers to NCCL on GPU arrays through its rule in jaxfog.ops._nccl
-    (whose primitives _op_primitives registers that lowering for) and the NCCL
+    """An op lowers to NCCL on GPU arrays through its rule (registered in
+    jaxfog.ops._nccl beside its primitive, in the op's module) and the NCCL
     handler the op table names for it: the two lists agree."""
+    import importlib
+
+    import jaxfog.ops
     from jaxfog.ops import _nccl
+
+    for family in set(jaxfog.ops.OPS.values()):  # every primitive with its rule
+        importlib.import_module(f"jaxfog.ops.{family}")
 
     table = ffi.op_table()
     assert set(_nccl.RULES) == {name for name, spec in table.items() if spec.nccl_target}

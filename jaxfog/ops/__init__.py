@@ -1,9 +1,10 @@
 """Communication ops.
 
-Each public op resolves its arguments once (:mod:`jaxfog.ops._args`) and runs
-on the backend :func:`jaxfog.ops._backends.current` picks: the FFI primitives
-(:mod:`jaxfog.ops._op_primitives`, custom calls into the C++ library over MPI) or
-the simulation's ``lax`` collectives. See ``docs/architecture.rst``.
+Each op is one block of its family's module (``neighbor``, ``collective``,
+``hierarchical``, ``process``, ``window``): it resolves its arguments once
+and runs on the backend :func:`jaxfog.ops._backends.current` picks: its FFI
+primitive (a custom call into the C++ library over MPI) or the simulation's
+``lax`` collectives. See ``docs/architecture.rst``.
 
 ``OPS`` below is the one list of public ops: the name of each and the module
 of its family that defines it. ``jaxfog.<op>`` and ``jaxfog.ops.<op>`` are
@@ -24,27 +25,27 @@ OPS = {
     "win_accumulate": "window", "win_get": "window", "win_update": "window",
     "win_update_then_collect": "window", "win_mutex": "window", "win_version": "window",
     "win_weight": "window",
-    "neighbor_allreduce_nonblocking": "nonblocking",
-    "neighbor_allgather_nonblocking": "nonblocking", "pair_gossip_nonblocking": "nonblocking",
-    "allreduce_nonblocking": "nonblocking", "broadcast_nonblocking": "nonblocking",
-    "allgather_nonblocking": "nonblocking", "win_put_nonblocking": "nonblocking",
-    "win_accumulate_nonblocking": "nonblocking", "win_get_nonblocking": "nonblocking",
+    "neighbor_allreduce_nonblocking": "neighbor",
+    "neighbor_allgather_nonblocking": "neighbor", "pair_gossip_nonblocking": "neighbor",
+    "allreduce_nonblocking": "collective", "broadcast_nonblocking": "collective",
+    "allgather_nonblocking": "collective", "win_put_nonblocking": "window",
+    "win_accumulate_nonblocking": "window", "win_get_nonblocking": "window",
     "wait": "nonblocking", "wait_all": "nonblocking", "poll": "nonblocking",
     "Handle": "nonblocking",
 }
 
 if TYPE_CHECKING:  # the names as type checkers see them (at run time: __getattr__)
-    from jaxfog.ops.collective import allgather, allreduce, broadcast
+    from jaxfog.ops.collective import (allgather, allgather_nonblocking, allreduce,
+                                       allreduce_nonblocking, broadcast, broadcast_nonblocking)
     from jaxfog.ops.hierarchical import hierarchical_neighbor_allreduce
-    from jaxfog.ops.neighbor import neighbor_allgather, neighbor_allreduce, pair_gossip
-    from jaxfog.ops.nonblocking import (
-        Handle, allgather_nonblocking, allreduce_nonblocking, broadcast_nonblocking,
-        neighbor_allgather_nonblocking, neighbor_allreduce_nonblocking, pair_gossip_nonblocking,
-        poll, wait, wait_all, win_accumulate_nonblocking, win_get_nonblocking,
-        win_put_nonblocking)
+    from jaxfog.ops.neighbor import (
+        neighbor_allgather, neighbor_allgather_nonblocking, neighbor_allreduce,
+        neighbor_allreduce_nonblocking, pair_gossip, pair_gossip_nonblocking)
+    from jaxfog.ops.nonblocking import Handle, poll, wait, wait_all
     from jaxfog.ops.process import barrier, comm_rank, comm_size
     from jaxfog.ops.window import (
-        win_accumulate, win_create, win_free, win_get, win_mutex, win_put, win_update,
+        win_accumulate, win_accumulate_nonblocking, win_create, win_free, win_get,
+        win_get_nonblocking, win_mutex, win_put, win_put_nonblocking, win_update,
         win_update_then_collect, win_version, win_weight)
 
 

@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxfog import _validate as V
 from jaxfog import runtime
 from jaxfog import topology as T
 from jaxfog.ops import _plan
@@ -68,7 +67,7 @@ def _array_like(leaf: Any) -> bool:
     return True
 
 
-def _what(op: str, name: str | None) -> str:
+def call_name(op: str, name: str | None) -> str:
     """How errors name the call: the op, and the user's name for it if any."""
     if name is not None and not isinstance(name, str):
         raise TypeError(f"{op}: name must be a str or None, got {type(name).__name__} "
@@ -84,7 +83,7 @@ class LocalView(NamedTuple):
     dst_weights: Any
 
 
-def _local_view(self_weight: Any, src_weights: Any, dst_weights: Any, what: str,
+def local_view(self_weight: Any, src_weights: Any, dst_weights: Any, what: str,
                 names: tuple[str, str] = ("src_weights", "dst_weights"),
                 size: Any = None) -> LocalView | None:
     if self_weight is None and src_weights is None and dst_weights is None:
@@ -117,7 +116,7 @@ def is_traced(value: Any) -> bool:
     return isinstance(value, jax.core.Tracer)
 
 
-def _step(step: Any, what: str) -> Any:
+def checked_step(step: Any, what: str) -> Any:
     """None, a Python int, or an integer scalar array (traced or not)."""
     if step is None or (isinstance(step, numbers.Integral) and not isinstance(step, bool)):
         return None if step is None else int(step)
@@ -131,147 +130,9 @@ def _step(step: Any, what: str) -> Any:
     return array
 
 
-def _check_size(graph: T.Topology | T.Schedule, what: str) -> None:
+def check_size(graph: T.Topology | T.Schedule, what: str) -> None:
     if graph.size != runtime.size():
         raise ValueError(runtime.size_mismatch(what, graph.size, runtime.size()))
-
-
-class NeighborAllreduce(NamedTuple):
-    """Resolved arguments of ``neighbor_allreduce``."""
-
-    graph: T.Topology | T.Schedule
-    step: Any  # None, int or an integer scalar array
-    local_view: LocalView | None
-    check_topology: bool
-    what: str
-
-
-def neighbor_allreduce(*, self_weight: Any, src_weights: Any, dst_weights: Any,
-                       topology: Any, step: Any, check_topology: bool,
-                       name: str | None) -> NeighborAllreduce:
-    what = _what("neighbor_allreduce", name)
-    if topology is None:
-        graph = runtime.load_topology()
-    elif isinstance(topology, (T.Topology, T.Schedule)):
-        graph = topology
-    else:
-        raise TypeError(f"{what}: topology must be a Topology or a Schedule, got "
-                        f"{type(topology).__name__}")
-    if isinstance(graph, T.Schedule):
-        if not (self_weight is None and src_weights is None and dst_weights is None):
-            raise ValueError(f"{what}: with a Schedule the weights come from it; do not "
-                             "also give self_weight/src_weights/dst_weights")
-        if step is None:
-            whose = " (the simulation's topology is one)" if topology is None else ""
-            raise ValueError(f"{what}: a Schedule needs step= (a Python or traced "
-                             f"integer){whose}")
-    local_view = _local_view(self_weight, src_weights, dst_weights, what)
-    _check_size(graph, what)
-    return NeighborAllreduce(graph, _step(step, what), local_view,
-                             _flag(check_topology, "check_topology", what), what)
-
-
-class HierarchicalNeighborAllreduce(NamedTuple):
-    """Resolved arguments of ``hierarchical_neighbor_allreduce`` (machine ranks)."""
-
-    local_view: LocalView | None
-    what: str
-
-
-def hierarchical_neighbor_allreduce(*, self_weight: Any, src_machine_weights: Any,
-                                    dst_machine_weights: Any,
-                                    name: str | None) -> HierarchicalNeighborAllreduce:
-    what = _what("hierarchical_neighbor_allreduce", name)
-    return HierarchicalNeighborAllreduce(
-        _local_view(self_weight, src_machine_weights, dst_machine_weights, what,
-                    ("src_machine_weights", "dst_machine_weights"),
-                    runtime.machine_size()), what)
-
-
-class NeighborAllgather(NamedTuple):
-    """Resolved arguments of ``neighbor_allgather``; ``None``: the topology's."""
-
-    src_ranks: Any
-    dst_ranks: Any
-    what: str
-
-
-def neighbor_allgather(*, src_ranks: Any, dst_ranks: Any,
-                       name: str | None) -> NeighborAllgather:
-    what = _what("neighbor_allgather", name)
-    for label, ranks in (("src_ranks", src_ranks), ("dst_ranks", dst_ranks)):
-        if is_array(ranks):
-            n = runtime.size()
-            if np.ndim(ranks) not in (1, 2) or (np.ndim(ranks) == 2 and ranks.shape[0] != n) \
-                    or not jnp.issubdtype(ranks.dtype, jnp.integer):
-                raise ValueError(f"{what}: {label} as an array must be integer ranks, a list "
-                                 f"(shape (k,)) or a rank-indexed table (shape ({n}, k)), got "
-                                 f"{ranks.dtype}{list(np.shape(ranks))}")
-        elif ranks is not None and (isinstance(ranks, (str, bytes))
-                                    or not hasattr(ranks, "__iter__")):
-            raise TypeError(f"{what}: {label} must be a list of ranks, got "
-                            f"{type(ranks).__name__}")
-    return NeighborAllgather(src_ranks, dst_ranks, what)
-
-
-class Allreduce(NamedTuple):
-    mean: bool
-    what: str
-
-
-def allreduce(*, op: str, name: str | None) -> Allreduce:
-    what = _what("allreduce", name)
-    if not isinstance(op, str):
-        raise TypeError(f"{what}: op must be 'mean' or 'sum', got {type(op).__name__} {op!r}")
-    if op not in ("mean", "sum"):
-        raise ValueError(f"{what}: op must be 'mean' or 'sum', got {op!r}")
-    return Allreduce(op == "mean", what)
-
-
-class Broadcast(NamedTuple):
-    root: int
-    what: str
-
-
-def broadcast(*, root: Any, name: str | None) -> Broadcast:
-    what = _what("broadcast", name)
-    size = runtime.size()
-    root = V.integer(what, "root", root, minimum=0)
-    if root >= size:
-        raise ValueError(f"{what}: root must be a rank in [0, {size}), got {root}")
-    return Broadcast(root, what)
-
-
-class Allgather(NamedTuple):
-    what: str
-
-
-def allgather(*, name: str | None) -> Allgather:
-    return Allgather(_what("allgather", name))
-
-
-class PairGossip(NamedTuple):
-    peer: Any  # this rank's peer: an int, a concrete or a traced integer scalar
-    what: str
-
-
-def pair_gossip(peer: Any, *, name: str | None) -> PairGossip:
-    what = _what("pair_gossip", name)
-    size = runtime.size()
-    if is_array(peer) and np.shape(peer) == (size,) and jnp.issubdtype(peer.dtype,
-                                                                         jnp.integer):
-        if not is_traced(peer) and ((np.asarray(peer) < 0) | (np.asarray(peer) >= size)).any():
-            raise ValueError(f"{what}: the peer table holds ranks outside [0, {size}): "
-                             f"{np.asarray(peer).tolist()}")
-        peer = rank_row(peer)  # a rank-indexed table of peers: this rank's entry
-    if isinstance(peer, (bool, np.bool_)) or not (
-            isinstance(peer, (int, np.integer)) or (
-                hasattr(peer, "dtype") and np.ndim(peer) == 0
-                and np.issubdtype(peer.dtype, np.integer))):
-        raise TypeError(f"{what}: peer must be a rank (an integer), got {peer!r}")
-    if isinstance(peer, (int, np.integer)) and not 0 <= peer < size:
-        raise ValueError(f"{what}: peer {peer} is not a rank of {size}")
-    return PairGossip(peer, what)
 
 
 def rank_row(table: Any) -> Any:
@@ -314,7 +175,7 @@ def win_mutex_ranks(ranks: Any) -> Any:
     return ranks
 
 
-def _flag(value: Any, label: str, what: str) -> bool:
+def flag(value: Any, label: str, what: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{what}: {label} must be True or False, got {value!r}")
     return bool(value)
@@ -442,8 +303,8 @@ def win_create(*, name: Any, zero_init: Any, with_weight: Any, src_ranks: Any) -
                 raise ValueError(f"{what}: src_ranks: {r!r} is not a rank in "
                                  f"[0, {runtime.size()})")
         src_ranks = tuple(sorted({int(r) for r in src_ranks}))
-    return WinCreate(name, _flag(zero_init, "zero_init", what),
-                     _flag(with_weight, "with_weight", what), src_ranks, what,
+    return WinCreate(name, flag(zero_init, "zero_init", what),
+                     flag(with_weight, "with_weight", what), src_ranks, what,
                      src_table=table)
 
 
@@ -466,7 +327,7 @@ def win_put(*, name: Any, self_weight: Any, dst_weights: Any, require_mutex: Any
     what = "win_accumulate" if accumulate else "win_put"
     return WinPut(_window_name(name, what), _self_weight(self_weight, what),
                   _peers(dst_weights, "dst_weights", what, allow_list=True),
-                  _flag(require_mutex, "require_mutex", what), accumulate, what)
+                  flag(require_mutex, "require_mutex", what), accumulate, what)
 
 
 class WinGet(NamedTuple):
@@ -480,7 +341,7 @@ def win_get(*, name: Any, src_weights: Any, require_mutex: Any) -> WinGet:
     what = "win_get"
     return WinGet(_window_name(name, what),
                   _peers(src_weights, "src_weights", what, allow_list=True),
-                  _flag(require_mutex, "require_mutex", what), what)
+                  flag(require_mutex, "require_mutex", what), what)
 
 
 class WinUpdate(NamedTuple):
@@ -501,5 +362,5 @@ def win_update(*, name: Any, self_weight: Any, src_weights: Any, reset: Any,
     what = "win_update_then_collect" if collect else "win_update"
     return WinUpdate(_window_name(name, what), _self_weight(self_weight, what),
                      _peers(src_weights, "src_weights", what, allow_list=False),
-                     _flag(reset, "reset", what), _flag(require_mutex, "require_mutex", what),
+                     flag(reset, "reset", what), flag(require_mutex, "require_mutex", what),
                      collect, what)

@@ -5,7 +5,7 @@ call and the local step after it): the blocking op runs it
 (:meth:`Call.run`), the nonblocking op starts it (:func:`start_call`) and
 finishes it at the wait (:func:`wait_call`), through two primitives:
 
-``start_p`` runs one of the FFI primitives (``jaxfog.ops._op_primitives``) as
+``start_p`` runs one of the ops' FFI primitives (``neighbor_allreduce_p``...) as
 its C++ start form, ``jaxfog_<op>_start`` (``jaxfog/ffi/nonblocking.h``): the
 inputs are copied before the call returns, the messages move on the
 communication thread in program order, and the call returns a *ticket*.
@@ -45,7 +45,7 @@ from jaxfog import ffi, runtime
 from jaxfog.errors import HandleError
 from jaxfog.ops._primitive_machinery import (ATTRIBUTES, comm_effect, differentiable, lower_comm_call,
                                    not_differentiable)
-from jaxfog.ops._op_primitives import ADJOINTS
+from jaxfog.ops._primitive_machinery import ADJOINTS
 from jaxfog.ops import _jax_compat
 
 #: The custom-call target of every wait (``jaxfog/ffi/nonblocking.cc``).

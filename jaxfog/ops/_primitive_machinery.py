@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import core
 from jax.extend import core as jex_core
 from jax.interpreters import ad, mlir
 
@@ -243,3 +244,64 @@ def linear_transpose(adjoint, n_static: int = 0):
         return results
 
     return transpose
+
+
+# --- what the ops' rules share -------------------------------------------------
+
+
+class Adjoint(NamedTuple):
+    """An op's adjoint as one op and a local step after it (for the
+    nonblocking ops, which start the op and finish with ``post`` at the wait):
+    ``post(adjoint_prim.bind(*static, *cotangents, **params))``."""
+
+    prim: jex_core.Primitive
+    params: dict
+    static: list  # operands before the cotangents (the step of a schedule)
+    post: Callable[[list], list]
+
+
+#: Each linear primitive's adjoint as an :class:`Adjoint`, registered beside
+#: the primitive: ``ADJOINTS[prim](static, params, avals_in)`` (``avals_in``:
+#: its data operands').
+ADJOINTS: dict[jex_core.Primitive, Callable[..., Adjoint]] = {}
+
+
+def unchanged(outs: list) -> list:
+    return outs
+
+
+def same_avals(*avals, **params) -> list:
+    return [core.ShapedArray(a.shape, a.dtype) for a in avals]
+
+
+def elementwise_batch(prim):
+    """vmap of an op that treats every element alike: one message for the batch."""
+    def rule(args, dims, **params):
+        return prim.bind(*args, **params), list(dims)
+
+    return rule
+
+
+def move_batch_to_axis1(x, dim):
+    """Puts the batch axis second, so that blocks along axis 0 stay contiguous."""
+    if dim is None:
+        return x, False
+    x = jnp.moveaxis(x, dim, 0)
+    if x.ndim == 1:
+        return x[None, :], True
+    return jnp.moveaxis(x, 0, 1), True
+
+
+def blocking_transpose(adjoint_rule):
+    """The transpose rule that runs an :class:`Adjoint` at once."""
+    def back(static, cts, xs, **params):
+        adjoint = adjoint_rule(static, params, [x.aval for x in xs])
+        return adjoint.post(adjoint.prim.bind(*adjoint.static, *cts, **adjoint.params))
+
+    return linear_transpose(back)
+
+
+def rank_in(comm_id: int) -> int:
+    """This process's rank in the communicator registered under ``comm_id``."""
+    return {runtime.WORLD_COMM_ID: runtime.rank, runtime.LOCAL_COMM_ID: runtime.local_rank,
+            runtime.LEADERS_COMM_ID: runtime.machine_rank}[comm_id]()

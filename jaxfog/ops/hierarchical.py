@@ -1,10 +1,54 @@
-"""Hierarchical neighbor averaging (BlueFog paper, section V-B)."""
+"""Hierarchical neighbor averaging (BlueFog paper, section V-B).
+
+Composed of other ops' primitives: on MPI processes the machine mean
+(``allreduce`` inside each machine), the leaders' ``neighbor_allreduce`` over
+the machine topology, and a ``broadcast`` inside each machine; its rule on
+simulated agents is the simulation's
+(``jaxfog.simulation._backend.SIMULATED``).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
+from jaxfog import runtime
 from jaxfog.ops import _args, _backends
+from jaxfog.ops._backends import Op
+from jaxfog.ops.collective import allreduce_p, broadcast_p
+from jaxfog.ops.neighbor import mixing_call, plan_for
+
+
+class HierarchicalNeighborAllreduce(NamedTuple):
+    """Resolved arguments of ``hierarchical_neighbor_allreduce`` (machine ranks)."""
+
+    local_view: _args.LocalView | None
+    what: str
+
+
+def _hierarchical_args(*, self_weight: Any, src_machine_weights: Any,
+                      dst_machine_weights: Any,
+                      name: str | None) -> HierarchicalNeighborAllreduce:
+    what = _args.call_name("hierarchical_neighbor_allreduce", name)
+    return HierarchicalNeighborAllreduce(
+        _args.local_view(self_weight, src_machine_weights, dst_machine_weights, what,
+                         ("src_machine_weights", "dst_machine_weights"),
+                              runtime.machine_size()), what)
+
+
+def _hierarchical_mpi(leaves: list, treedef: Any, args: HierarchicalNeighborAllreduce) -> list:
+    # Machine means, the leaders' averaging over the machine topology, and
+    # the leaders' results broadcast inside each machine (BlueFog, V-B).
+    plan = plan_for(runtime.load_machine_topology(), runtime.machine_rank(),
+                    args.local_view, args.what,
+                    ("src_machine_weights", "dst_machine_weights"))
+    local = allreduce_p.bind(*leaves, mean=True, comm_id=runtime.LOCAL_COMM_ID)
+    if runtime.local_rank() == 0:
+        local = mixing_call(local, plan, None, runtime.LEADERS_COMM_ID).run()
+    return broadcast_p.bind(*local, root=0, comm_id=runtime.LOCAL_COMM_ID)
+
+
+HIERARCHICAL_NEIGHBOR_ALLREDUCE = Op("hierarchical_neighbor_allreduce",
+                                     mpi_run=_hierarchical_mpi)
 
 
 def hierarchical_neighbor_allreduce(
@@ -49,10 +93,10 @@ def hierarchical_neighbor_allreduce(
       Ying, Yuan, Hu, Chen, Yin. *BlueFog: Make Decentralized Algorithms
       Practical for Optimization and Deep Learning*, 2021, section V-B.
     """
-    args = _args.hierarchical_neighbor_allreduce(
+    args = _hierarchical_args(
         self_weight=self_weight, src_machine_weights=src_machine_weights,
         dst_machine_weights=dst_machine_weights, name=name)
-    return _backends.apply("hierarchical_neighbor_allreduce", x, args)
+    return _backends.apply(HIERARCHICAL_NEIGHBOR_ALLREDUCE, x, args)
 
 
 __all__ = ["hierarchical_neighbor_allreduce"]

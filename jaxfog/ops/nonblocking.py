@@ -1,5 +1,8 @@
 """Nonblocking ops: start an exchange now, wait for it later (BlueFog's
-``*_nonblocking`` and ``wait``).
+``*_nonblocking`` and ``wait``). Here: the :class:`Handle`, :func:`wait`,
+:func:`poll`, :func:`wait_all`, and the :func:`start` every ``*_nonblocking``
+form calls (each lives beside its blocking op: ``jaxfog.ops.neighbor``,
+``collective``, ``window``).
 
 ``handle = jaxfog.neighbor_allreduce_nonblocking(x)`` starts the exchange and
 returns at once; ``jaxfog.wait(handle)`` returns what
@@ -30,7 +33,6 @@ from typing import Any, Sequence
 
 import jax
 
-from jaxfog import topology as T
 from jaxfog.errors import HandleError
 from jaxfog.ops import _args, _backends
 
@@ -68,26 +70,19 @@ class Handle:
         return f"Handle({self.op})"
 
 
-def _started(op: str, leaves: list, treedef: Any, args: Any, label: str,
-             result: Any) -> Handle:
+def start(op: _backends.Op, x: Any, args: Any) -> Handle:
+    """Starts ``op`` with its resolved ``args`` on the pytree ``x``: each
+    ``*_nonblocking`` form of a message op (in its op's module) is this."""
+    leaves, treedef = _args.leaves(op.name, x)
+    return started(op, leaves, treedef, args, op.name, treedef)
+
+
+def started(op: _backends.Op, leaves: list, treedef: Any, args: Any, label: str,
+            result: Any) -> Handle:
     """Starts ``op`` on the backend (the one call of its ``start``): a handle
     named ``label`` whose wait gives a result of structure ``result``."""
-    arrays, started = _backends.current().start(op, leaves, treedef, args)
-    return Handle(arrays, (label, started, result))
-
-
-def _start(op: str, x: Any, args: Any) -> Handle:
-    leaves, treedef = _args.leaves(op, x)
-    return _started(op, leaves, treedef, args, op, treedef)
-
-
-def _start_put(x: Any, name: str, self_weight: Any, dst_weights: Any, require_mutex: bool,
-               accumulate: bool) -> Handle:
-    args = _args.win_put(name=name, self_weight=self_weight, dst_weights=dst_weights,
-                         require_mutex=require_mutex, accumulate=accumulate)
-    leaves, treedef = _args.leaves(args.what, x)
-    return _started("win_put", leaves, treedef, args, args.what.removeprefix("jaxfog."),
-                    treedef)
+    arrays, record = _backends.current().start(op, leaves, treedef, args)
+    return Handle(arrays, (label, record, result))
 
 
 def wait(handle: Handle) -> Any:
@@ -103,8 +98,8 @@ def wait(handle: Handle) -> Any:
         raise HandleError(f"jaxfog.wait: this {handle.op} handle was already waited for "
                           "(wait for each handle once)")
     handle.waited = True
-    op, started, treedef = handle.spec
-    return jax.tree.unflatten(treedef, _backends.current().wait(list(handle.arrays), started))
+    op, record, treedef = handle.spec
+    return jax.tree.unflatten(treedef, _backends.current().wait(list(handle.arrays), record))
 
 
 def poll(handle: Handle) -> bool:
@@ -116,8 +111,8 @@ def poll(handle: Handle) -> bool:
                           f"{type(handle).__name__}")
     if handle.waited:
         raise HandleError(f"jaxfog.poll: this {handle.op} handle was already waited for")
-    op, started, treedef = handle.spec
-    return _backends.current().poll(list(handle.arrays), started)
+    op, record, treedef = handle.spec
+    return _backends.current().poll(list(handle.arrays), record)
 
 
 def wait_all(tree: Any) -> Any:
@@ -128,78 +123,4 @@ def wait_all(tree: Any) -> Any:
                         is_leaf=lambda leaf: isinstance(leaf, Handle))
 
 
-def neighbor_allreduce_nonblocking(x: Any, *, self_weight: float | None = None,
-                                   src_weights: dict[int, float] | None = None,
-                                   dst_weights: dict[int, float] | Sequence[int] | None = None,
-                                   topology: T.Topology | T.Schedule | None = None,
-                                   step: Any = None, check_topology: bool = False,
-                                   name: str | None = None) -> Handle:
-    """Starts :func:`jaxfog.neighbor_allreduce` (same arguments); :func:`wait`
-    gives its result.
-
-    Example (BlueFog's Listing 5: the exchange of x overlaps the gradient)::
-
-        handle = jaxfog.neighbor_allreduce_nonblocking(x)
-        g = grad(loss)(x, batch)
-        x = jaxfog.wait(handle) - lr * g
-    """
-    args = _args.neighbor_allreduce(self_weight=self_weight, src_weights=src_weights,
-                                    dst_weights=dst_weights, topology=topology, step=step,
-                                    check_topology=check_topology, name=name)
-    return _start("neighbor_allreduce", x, args)
-
-
-def neighbor_allgather_nonblocking(x: Any, *, src_ranks: Sequence[int] | None = None,
-                                   dst_ranks: Sequence[int] | None = None,
-                                   name: str | None = None) -> Handle:
-    """Starts :func:`jaxfog.neighbor_allgather` (same arguments)."""
-    args = _args.neighbor_allgather(src_ranks=src_ranks, dst_ranks=dst_ranks, name=name)
-    return _start("neighbor_allgather", x, args)
-
-
-def pair_gossip_nonblocking(x: Any, peer: Any, *, name: str | None = None) -> Handle:
-    """Starts :func:`jaxfog.pair_gossip` (same arguments)."""
-    return _start("pair_gossip", x, _args.pair_gossip(peer, name=name))
-
-
-def allreduce_nonblocking(x: Any, op: str = "mean", *, name: str | None = None) -> Handle:
-    """Starts :func:`jaxfog.allreduce` (same arguments)."""
-    return _start("allreduce", x, _args.allreduce(op=op, name=name))
-
-
-def broadcast_nonblocking(x: Any, root: int = 0, *, name: str | None = None) -> Handle:
-    """Starts :func:`jaxfog.broadcast` (same arguments)."""
-    return _start("broadcast", x, _args.broadcast(root=root, name=name))
-
-
-def allgather_nonblocking(x: Any, *, name: str | None = None) -> Handle:
-    """Starts :func:`jaxfog.allgather` (same arguments)."""
-    return _start("allgather", x, _args.allgather(name=name))
-
-
-def win_put_nonblocking(x: Any, name: str, *, self_weight: float | None = None,
-                        dst_weights: Any = None, require_mutex: bool = False) -> Handle:
-    """Starts :func:`jaxfog.ops.window.win_put` (same arguments); :func:`wait` gives
-    ``self_weight * x`` once the writes have completed at the destinations."""
-    return _start_put(x, name, self_weight, dst_weights, require_mutex, accumulate=False)
-
-
-def win_accumulate_nonblocking(x: Any, name: str, *, self_weight: float | None = None,
-                               dst_weights: Any = None, require_mutex: bool = False) -> Handle:
-    """Starts :func:`jaxfog.ops.window.win_accumulate` (same arguments)."""
-    return _start_put(x, name, self_weight, dst_weights, require_mutex, accumulate=True)
-
-
-def win_get_nonblocking(name: str, *, src_weights: Any = None,
-                        require_mutex: bool = False) -> Handle:
-    """Starts :func:`jaxfog.ops.window.win_get` (same arguments); :func:`wait` gives True
-    once the slots hold what was read."""
-    args = _args.win_get(name=name, src_weights=src_weights, require_mutex=require_mutex)
-    return _started("win_get", [], None, args, "win_get", jax.tree.structure(True))
-
-
-__all__ = ["Handle", "allgather_nonblocking", "allreduce_nonblocking",
-           "broadcast_nonblocking", "neighbor_allgather_nonblocking",
-           "neighbor_allreduce_nonblocking", "pair_gossip_nonblocking", "poll", "wait",
-           "wait_all",
-           "win_accumulate_nonblocking", "win_get_nonblocking", "win_put_nonblocking"]
+__all__ = ["Handle", "poll", "wait", "wait_all"]

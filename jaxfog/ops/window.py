@@ -34,7 +34,8 @@ mass must be collected exactly once (push-sum).
 Each data-moving op is one custom call on MPI, ordered with jaxfog's other
 ops on the rank (program order), eagerly and inside ``jax.jit``,
 ``jaxfog.jit``, ``lax.scan`` and ``fori_loop``; a pytree moves to each peer
-as one completion (every leaf put, then one ``MPI_Win_flush``). The ops are not differentiable (their effect on other
+as one completion (every leaf put, then one ``MPI_Win_flush``). The ops are
+not differentiable (their effect on other
 ranks' memory has no tangent): under ``grad`` they raise a ``TypeError``;
 differentiate the local computation around them.
 
@@ -58,7 +59,9 @@ from typing import Any, ContextManager, Mapping, Sequence
 
 import jax
 
-from jaxfog.ops import _args, _backends
+from jaxfog.ops import _args, _backends, nonblocking
+from jaxfog.ops._backends import Op, mpi_windows
+from jaxfog.ops.nonblocking import Handle
 
 Weights = Mapping[int, float] | Sequence[int] | Any  # a dict, a list of ranks or n weights
 
@@ -233,5 +236,44 @@ def win_weight(name: str) -> Any:
     return _backends.current().win_weight(_args._window_name(name, "win_weight"))
 
 
-__all__ = ["win_accumulate", "win_create", "win_free", "win_get", "win_mutex", "win_put",
-           "win_update", "win_update_then_collect", "win_version", "win_weight"]
+# --- the nonblocking forms: a write or a read started, waited for later ---------
+
+#: The window ops that start; their rules on simulated agents are the
+#: simulation's (``jaxfog.simulation._backend.SIMULATED``).
+WIN_PUT = Op("win_put", mpi=mpi_windows.win_put_call)
+WIN_GET = Op("win_get", mpi=lambda leaves, treedef, args: mpi_windows.win_get_call(args))
+
+
+def _start_put(x: Any, name: str, self_weight: Any, dst_weights: Any, require_mutex: bool,
+               accumulate: bool) -> Handle:
+    args = _args.win_put(name=name, self_weight=self_weight, dst_weights=dst_weights,
+                         require_mutex=require_mutex, accumulate=accumulate)
+    leaves, treedef = _args.leaves(args.what, x)
+    return nonblocking.started(WIN_PUT, leaves, treedef, args,
+                               args.what.removeprefix("jaxfog."), treedef)
+
+
+def win_put_nonblocking(x: Any, name: str, *, self_weight: float | None = None,
+                        dst_weights: Any = None, require_mutex: bool = False) -> Handle:
+    """Starts :func:`jaxfog.ops.window.win_put` (same arguments); :func:`wait` gives
+    ``self_weight * x`` once the writes have completed at the destinations."""
+    return _start_put(x, name, self_weight, dst_weights, require_mutex, accumulate=False)
+
+
+def win_accumulate_nonblocking(x: Any, name: str, *, self_weight: float | None = None,
+                               dst_weights: Any = None, require_mutex: bool = False) -> Handle:
+    """Starts :func:`jaxfog.ops.window.win_accumulate` (same arguments)."""
+    return _start_put(x, name, self_weight, dst_weights, require_mutex, accumulate=True)
+
+
+def win_get_nonblocking(name: str, *, src_weights: Any = None,
+                        require_mutex: bool = False) -> Handle:
+    """Starts :func:`jaxfog.ops.window.win_get` (same arguments); :func:`wait` gives True
+    once the slots hold what was read."""
+    args = _args.win_get(name=name, src_weights=src_weights, require_mutex=require_mutex)
+    return nonblocking.started(WIN_GET, [], None, args, "win_get", jax.tree.structure(True))
+
+
+__all__ = ["win_accumulate", "win_accumulate_nonblocking", "win_create", "win_free", "win_get",
+           "win_get_nonblocking", "win_mutex", "win_put", "win_put_nonblocking", "win_update",
+           "win_update_then_collect", "win_version", "win_weight"]

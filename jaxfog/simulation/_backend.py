@@ -292,13 +292,13 @@ class SimulatedOps(_OnAgents):
 
     # A nonblocking op is computed at its start and held back until its wait,
     # where the agent's clock waits for its messages.
-    def start(self, op: str, leaves: list, treedef: Any, args: Any
+    def apply(self, op: Any, leaves: list, treedef: Any, args: Any) -> list:
+        return SIMULATED[op.name](self.sim, leaves, treedef, args)
+
+    def start(self, op: Any, leaves: list, treedef: Any, args: Any
               ) -> tuple[list, SimulatedStart]:
-        compute = STARTS.get(op)
-        if compute is None:
-            raise NotImplementedError(f"jaxfog.{op} has no nonblocking form")
         with _clock.recording_arrivals() as arrivals:
-            outs = compute(self, leaves, treedef, args)
+            outs = self.apply(op, leaves, treedef, args)
         outs = [True] if outs is True else list(outs)  # a get: True
         if not arrivals:
             return outs, SimulatedStart(len(outs), False)
@@ -311,101 +311,6 @@ class SimulatedOps(_OnAgents):
         if started.timed:
             _clock.arrive(arrays[started.n])
         return list(arrays[:started.n])
-
-    def neighbor_allreduce(self, leaves: list, args: _args.NeighborAllreduce) -> list:
-        sim, graph = self.sim, args.graph
-        if isinstance(graph, T.Schedule):
-            if isinstance(args.step, int):
-                _clock.synchronize(graph.at(args.step).weights != 0)
-                return _mix(leaves, graph.at(args.step).weights, sim)
-            _clock.synchronize(np.any([t.weights != 0 for t in graph], axis=0))
-            branches = [functools.partial(_mix, w=t.weights, sim=sim) for t in graph]
-            return lax.switch(args.step.astype(jnp.int32) % graph.period, branches, leaves)
-        # Every agent's plan is a row of one W, so senders and receivers always
-        # match: check_topology has nothing to check here.
-        if args.local_view is None:
-            return _apply(leaves, Mixing(graph.weights, None, None), sim)
-        return _apply(leaves, local_view_mixing(graph, args.local_view, args.what, sim.rank),
-                      sim)
-
-    def pair_gossip(self, leaves: list, args: _args.PairGossip) -> list:
-        """Every agent reads its peer's value (a gather: the peers may be
-        traced); a pair that does not name each other gets NaN."""
-        sim = self.sim
-        _clock.synchronize()
-        peer = jnp.asarray(args.peer, jnp.int32)
-        peers = sim.all_gather(peer)
-        paired = (peer >= 0) & (peer < sim.size) & (peers[jnp.clip(peer, 0, sim.size - 1)]
-                                                    == sim.rank)
-        outs = []
-        for x in leaves:
-            with _numerics.accumulating(x.dtype) as acc:
-                theirs = sim.all_gather(x)[jnp.clip(peer, 0, sim.size - 1)]
-                mean = _numerics.finish((x.astype(acc) + theirs.astype(acc)) / 2, x.dtype)
-            bad = jnp.asarray(jnp.nan if jnp.issubdtype(x.dtype, jnp.inexact) else 0, x.dtype)
-            outs.append(jnp.where(paired, mean, bad))
-        return outs
-
-    def hierarchical_neighbor_allreduce(
-            self, leaves: list, args: _args.HierarchicalNeighborAllreduce) -> list:
-        """Machine means (ppermutes inside each machine), then the machine
-        topology applied between machines (ppermutes by whole machines)."""
-        sim = self.sim
-        wm = sim.machine_topology.weights
-        if args.local_view is not None:
-            mixing = local_view_mixing(sim.machine_topology, args.local_view, args.what,
-                                       sim.machine_rank,
-                                       ("src_machine_weights", "dst_machine_weights"))
-            if mixing.static is None or mixing.self_weight is not None:
-                raise TypeError(f"{args.what}: in jaxfog.simulate the machine weights must "
-                                "be concrete (numbers, dicts, lists or rank-indexed arrays "
-                                "over machines), not traced values")
-            wm = mixing.static
-        _clock.synchronize()
-        outs = []
-        for x in leaves:
-            if _tiled.wanted(x, sim, None):
-                size_l = sim.local_size
-                outs.append(_tiled.mix_leaf(
-                    x, sim, _tiled.machine_table(wm, size_l),
-                    _tiled.machine_table(wm.T, size_l),
-                    functools.partial(_hierarchical_leaf, wm=wm, sim=sim),
-                    functools.partial(_hierarchical_leaf, wm=wm.T, sim=sim)))
-            else:
-                outs.append(_hierarchical_leaf(x, wm, sim))
-        return outs
-
-    def neighbor_allgather(self, leaves: list, args: _args.NeighborAllgather) -> list:
-        table = _source_table(self.sim, args.src_ranks)
-        receives = np.zeros((self.sim.size,) * 2, bool)
-        receives[np.arange(self.sim.size)[:, None], table] = True
-        _clock.synchronize(receives)
-        mine = jnp.asarray(table)[self.sim.rank]
-        return [_stack_blocks(jnp.take(self.sim.all_gather(x), mine, axis=0))
-                for x in leaves]
-
-    def allreduce(self, leaves: list, args: _args.Allreduce) -> list:
-        _clock.synchronize()
-        outs = []
-        for x in leaves:
-            if not args.mean and jnp.issubdtype(x.dtype, jnp.integer):
-                outs.append(self.sim.psum(x))  # exact, as MPI's integer sum
-                continue
-            with _numerics.accumulating(x.dtype) as acc:
-                total = self.sim.psum(x.astype(acc))
-                outs.append(_numerics.finish(total / self.sim.size if args.mean else total, x.dtype))
-        return outs
-
-    def broadcast(self, leaves: list, args: _args.Broadcast) -> list:
-        _clock.synchronize()
-        is_root = self.sim.rank == args.root
-        # psum widens bool and small integers; the root's value keeps its dtype.
-        return [self.sim.psum(jnp.where(is_root, x, jnp.zeros_like(x)))
-                .astype(x.dtype) for x in leaves]
-
-    def allgather(self, leaves: list, args: _args.Allgather) -> list:
-        _clock.synchronize()
-        return [_stack_blocks(self.sim.all_gather(x)) for x in leaves]
 
     def barrier(self) -> None:
         """Simulated agents run in lockstep: only their clocks wait."""
@@ -478,24 +383,128 @@ class SimulatedSharedValues(_OnAgents):
         """Nothing to compile."""
 
 
-def _message(method: Callable[[Any, list, Any], list]) -> Callable[..., list]:
-    """A message op's method as a start calls it (its treedef unused)."""
-    return lambda backend, leaves, treedef, args: method(backend, leaves, args)
+# --- the message ops' rules ---------------------------------------------------
 
 
-#: The ops with a nonblocking form, each with what computes it from a start's
-#: inputs (``leaves, treedef, args``): the blocking op's method. The keys are
-#: those of the MPI backend's ``jaxfog.ops._backends.mpi.CALLS``.
-STARTS: dict[str, Callable[..., Any]] = {
-    "neighbor_allreduce": _message(SimulatedOps.neighbor_allreduce),
-    "pair_gossip": _message(SimulatedOps.pair_gossip),
-    "neighbor_allgather": _message(SimulatedOps.neighbor_allgather),
-    "allreduce": _message(SimulatedOps.allreduce),
-    "broadcast": _message(SimulatedOps.broadcast),
-    "allgather": _message(SimulatedOps.allgather),
-    "win_put": lambda backend, leaves, treedef, args: _windows.win_put(
-        backend.sim, leaves, treedef, args),
-    "win_get": lambda backend, leaves, treedef, args: _windows.win_get(backend.sim, args),
+def _neighbor_allreduce(sim: _context.Simulation, leaves: list, args: Any) -> list:
+    graph = args.graph
+    if isinstance(graph, T.Schedule):
+        if isinstance(args.step, int):
+            _clock.synchronize(graph.at(args.step).weights != 0)
+            return _mix(leaves, graph.at(args.step).weights, sim)
+        _clock.synchronize(np.any([t.weights != 0 for t in graph], axis=0))
+        branches = [functools.partial(_mix, w=t.weights, sim=sim) for t in graph]
+        return lax.switch(args.step.astype(jnp.int32) % graph.period, branches, leaves)
+    # Every agent's plan is a row of one W, so senders and receivers always
+    # match: check_topology has nothing to check here.
+    if args.local_view is None:
+        return _apply(leaves, Mixing(graph.weights, None, None), sim)
+    return _apply(leaves, local_view_mixing(graph, args.local_view, args.what, sim.rank),
+                  sim)
+
+
+def _pair_gossip(sim: _context.Simulation, leaves: list, args: Any) -> list:
+    """Every agent reads its peer's value (a gather: the peers may be
+    traced); a pair that does not name each other gets NaN."""
+    _clock.synchronize()
+    peer = jnp.asarray(args.peer, jnp.int32)
+    peers = sim.all_gather(peer)
+    paired = (peer >= 0) & (peer < sim.size) & (peers[jnp.clip(peer, 0, sim.size - 1)]
+                                                == sim.rank)
+    outs = []
+    for x in leaves:
+        with _numerics.accumulating(x.dtype) as acc:
+            theirs = sim.all_gather(x)[jnp.clip(peer, 0, sim.size - 1)]
+            mean = _numerics.finish((x.astype(acc) + theirs.astype(acc)) / 2, x.dtype)
+        bad = jnp.asarray(jnp.nan if jnp.issubdtype(x.dtype, jnp.inexact) else 0, x.dtype)
+        outs.append(jnp.where(paired, mean, bad))
+    return outs
+
+
+def _hierarchical_neighbor_allreduce(sim: _context.Simulation, leaves: list,
+                                     args: Any) -> list:
+    """Machine means (ppermutes inside each machine), then the machine
+    topology applied between machines (ppermutes by whole machines)."""
+    wm = sim.machine_topology.weights
+    if args.local_view is not None:
+        mixing = local_view_mixing(sim.machine_topology, args.local_view, args.what,
+                                   sim.machine_rank,
+                                   ("src_machine_weights", "dst_machine_weights"))
+        if mixing.static is None or mixing.self_weight is not None:
+            raise TypeError(f"{args.what}: in jaxfog.simulate the machine weights must "
+                            "be concrete (numbers, dicts, lists or rank-indexed arrays "
+                            "over machines), not traced values")
+        wm = mixing.static
+    _clock.synchronize()
+    outs = []
+    for x in leaves:
+        if _tiled.wanted(x, sim, None):
+            size_l = sim.local_size
+            outs.append(_tiled.mix_leaf(
+                x, sim, _tiled.machine_table(wm, size_l),
+                _tiled.machine_table(wm.T, size_l),
+                functools.partial(_hierarchical_leaf, wm=wm, sim=sim),
+                functools.partial(_hierarchical_leaf, wm=wm.T, sim=sim)))
+        else:
+            outs.append(_hierarchical_leaf(x, wm, sim))
+    return outs
+
+
+def _neighbor_allgather(sim: _context.Simulation, leaves: list, args: Any) -> list:
+    table = _source_table(sim, args.src_ranks)
+    receives = np.zeros((sim.size,) * 2, bool)
+    receives[np.arange(sim.size)[:, None], table] = True
+    _clock.synchronize(receives)
+    mine = jnp.asarray(table)[sim.rank]
+    return [_stack_blocks(jnp.take(sim.all_gather(x), mine, axis=0))
+            for x in leaves]
+
+
+def _allreduce(sim: _context.Simulation, leaves: list, args: Any) -> list:
+    _clock.synchronize()
+    outs = []
+    for x in leaves:
+        if not args.mean and jnp.issubdtype(x.dtype, jnp.integer):
+            outs.append(sim.psum(x))  # exact, as MPI's integer sum
+            continue
+        with _numerics.accumulating(x.dtype) as acc:
+            total = sim.psum(x.astype(acc))
+            outs.append(_numerics.finish(total / sim.size if args.mean else total, x.dtype))
+    return outs
+
+
+def _broadcast(sim: _context.Simulation, leaves: list, args: Any) -> list:
+    _clock.synchronize()
+    is_root = sim.rank == args.root
+    # psum widens bool and small integers; the root's value keeps its dtype.
+    return [sim.psum(jnp.where(is_root, x, jnp.zeros_like(x)))
+            .astype(x.dtype) for x in leaves]
+
+
+def _allgather(sim: _context.Simulation, leaves: list, args: Any) -> list:
+    _clock.synchronize()
+    return [_stack_blocks(sim.all_gather(x)) for x in leaves]
+
+
+def _message(rule: Callable[[_context.Simulation, list, Any], list]) -> Callable[..., list]:
+    """A message op's rule as the table holds it (its treedef unused)."""
+    return lambda sim, leaves, treedef, args: rule(sim, leaves, args)
+
+
+#: Each op's rule on the agents, by ``Op.name`` (``jaxfog.ops._backends.Op``):
+#: ``SIMULATED[name](sim, leaves, treedef, args)`` gives the result leaves; a
+#: nonblocking start computes it at once, held back until the wait. The MPI
+#: rules are the ``Op``'s own, in the op's module.
+SIMULATED: dict[str, Callable[..., Any]] = {
+    "neighbor_allreduce": _message(_neighbor_allreduce),
+    "pair_gossip": _message(_pair_gossip),
+    "hierarchical_neighbor_allreduce": _message(_hierarchical_neighbor_allreduce),
+    "neighbor_allgather": _message(_neighbor_allgather),
+    "allreduce": _message(_allreduce),
+    "broadcast": _message(_broadcast),
+    "allgather": _message(_allgather),
+    "win_put": _windows.win_put,
+    "win_get": lambda sim, leaves, treedef, args: _windows.win_get(sim, args),
 }
 
 

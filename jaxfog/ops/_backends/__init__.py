@@ -6,9 +6,9 @@ simulated agents (the backend the simulation brings:
 otherwise on this job's MPI processes (:mod:`.mpi`, the FFI primitives).
 
 What a backend implements comes in four concerns, one protocol each:
-:class:`Ops` (one method per message op, taking the op's flat leaves and its
-resolved arguments, :mod:`jaxfog.ops._args`, and returning the result leaves;
-the nonblocking start, wait and poll), :class:`Windows` (the one-sided
+:class:`Ops` (``apply``: an :class:`Op` on its flat leaves with its resolved
+arguments, returning the result leaves; the nonblocking start, wait and
+poll), :class:`Windows` (the one-sided
 windows), :class:`TrainingLoop` (what an agent's training loop needs: its
 clock, compiled steps, the loop; ``jaxfog.ops._agent``) and
 :class:`SharedValues` (AD-PSGD's shared models). :class:`Backend` is all
@@ -19,7 +19,7 @@ asks which backend it runs on.
 
 from __future__ import annotations
 
-from typing import Any, ContextManager, Protocol
+from typing import Any, Callable, ContextManager, NamedTuple, Protocol
 
 import jax
 
@@ -30,34 +30,38 @@ from jaxfog.ops._backends import mpi
 Leaves = list[jax.Array]
 
 
+class Op(NamedTuple):
+    """An op as the backends run it, defined in its module beside its
+    primitive, arguments and public functions (``jaxfog.ops.neighbor``...).
+
+    ``name`` keys the simulation's rule for it
+    (``jaxfog.simulation._backend.SIMULATED``: the op as ``lax`` collectives
+    over the agents); the MPI rules are here. ``mpi(leaves, treedef, args)``
+    builds the :class:`jaxfog.ops._call.Call` of the FFI primitive on MPI
+    processes: the blocking op runs it, a nonblocking start starts it. An op
+    MPI runs as several primitives gives ``mpi_run(leaves, treedef, args)``
+    (its result leaves) instead, and has no nonblocking form.
+    """
+
+    name: str
+    mpi: Callable[[Leaves, Any, Any], Any] | None = None
+    mpi_run: Callable[[Leaves, Any, Any], Leaves] | None = None
+
+
 class Ops(Protocol):
-    """The message ops (one method per op), and their nonblocking forms."""
+    """The message ops and their nonblocking forms."""
 
-    def neighbor_allreduce(self, leaves: Leaves, args: _args.NeighborAllreduce) -> Leaves: ...
-
-    def pair_gossip(self, leaves: Leaves, args: _args.PairGossip) -> Leaves: ...
-
-    def hierarchical_neighbor_allreduce(
-            self, leaves: Leaves, args: _args.HierarchicalNeighborAllreduce) -> Leaves: ...
-
-    def neighbor_allgather(self, leaves: Leaves, args: _args.NeighborAllgather) -> Leaves: ...
-
-    def allreduce(self, leaves: Leaves, args: _args.Allreduce) -> Leaves: ...
-
-    def broadcast(self, leaves: Leaves, args: _args.Broadcast) -> Leaves: ...
-
-    def allgather(self, leaves: Leaves, args: _args.Allgather) -> Leaves: ...
+    def apply(self, op: Op, leaves: Leaves, treedef: Any, args: Any) -> Leaves:
+        """``op`` on ``leaves`` (the flat input, of structure ``treedef``)
+        with its resolved ``args``: the result leaves."""
 
     def barrier(self) -> None: ...
 
-    # Nonblocking ops (jaxfog.ops.nonblocking): ``start`` runs op ``op`` as
-    # its method would on the same inputs (a message op takes ``leaves`` and
-    # ``args``, ``win_put`` all three, ``win_get`` ``args``: the others are
-    # ``[]`` and None), returning the arrays a handle holds and a hashable
-    # description; ``wait`` turns them into the op's result leaves. Which ops
-    # start, and how, is each backend's table (``mpi.CALLS``,
-    # ``simulation._backend.STARTS``), keyed alike.
-    def start(self, op: str, leaves: Leaves, treedef: Any, args: Any
+    # Nonblocking ops (jaxfog.ops.nonblocking): ``start`` runs ``op`` as
+    # ``apply`` would on the same inputs (``win_get`` has no leaves: ``[]`` and
+    # None), returning the arrays a handle holds and a hashable description;
+    # ``wait`` turns them into the op's result leaves.
+    def start(self, op: Op, leaves: Leaves, treedef: Any, args: Any
               ) -> tuple[Leaves, Any]: ...
 
     def wait(self, arrays: Leaves, started: Any) -> Leaves: ...
@@ -141,7 +145,7 @@ def current() -> Backend:
     return mpi.backend()
 
 
-def apply(op: str, x: Any, args: Any) -> Any:
+def apply(op: Op, x: Any, args: Any) -> Any:
     """Runs ``op`` with resolved ``args`` on the pytree ``x`` (one message per peer)."""
-    leaves, treedef = _args.leaves(op, x)
-    return jax.tree.unflatten(treedef, getattr(current(), op)(leaves, args))
+    leaves, treedef = _args.leaves(op.name, x)
+    return jax.tree.unflatten(treedef, current().apply(op, leaves, treedef, args))

@@ -23,7 +23,7 @@ import numpy as np
 from jaxfog import ffi, runtime
 from jaxfog.errors import JaxfogError
 from jaxfog.ops import _args, _jax_compat, _plan, _primitive_machinery
-from jaxfog.ops import _op_primitives as P
+from jaxfog.ops import _backend_primitives as P
 from jaxfog.ops.jit import jit
 from jaxfog.ops._call import Call
 from jaxfog.ops._backends import _numerics, _window_spec
