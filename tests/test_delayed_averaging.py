@@ -369,3 +369,24 @@ def test_without_finish_shutdown_reports_the_exchanges_in_flight():
         jf.shutdown()
     messages = [str(w.message) for w in caught]
     assert any("2 nonblocking op(s) never waited for" in m for m in messages), messages
+
+
+def test_a_trainer_of_a_delayed_method_finishes_what_is_in_flight():
+    """jaxfog.asynchrony.from_optax: the trainer's finish is the optimizer's."""
+    import jaxfog.asynchrony as jfa
+
+    problem, topology = least_squares(N), T.one_peer_exponential(N)
+    lr = 0.5 / problem.lipschitz
+    loss = problem.loss(N)
+    trainer = jfa.from_optax(jfo.atc(optax.sgd(lr), topology=topology, delay=2))
+
+    def agent(a, b):
+        state = trainer.init(jnp.zeros(problem.A.shape[-1], a.dtype))
+        grad_fn = lambda x, k: jax.grad(loss)(x, a, b)  # noqa: E731
+        for _ in range(5):
+            state = trainer.step(state, grad_fn)
+        return trainer.params(trainer.finish(state))
+
+    got = jax.jit(jf.simulate(agent, topology))(problem.A, problem.B)
+    want = _reference_with_finish(problem, topology, lr, 2, False, (5,))[:, -1]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
