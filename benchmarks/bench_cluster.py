@@ -14,13 +14,12 @@ import json
 import sys
 from pathlib import Path
 
+from _examples import script  # beside this script
+from jaxfog import _machine
+from jaxfog.testing import launch_environment, run_command
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "scripts"))
-
-import netns_cluster  # noqa: E402
-
-from jaxfog import _machine  # noqa: E402
-from jaxfog.testing import launch_environment, run_command  # noqa: E402
+netns_cluster = script("netns_cluster")
 
 METHODS = ("allreduce", "exponential", "one-peer", "one-peer-nonblocking")
 

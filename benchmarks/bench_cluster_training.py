@@ -28,9 +28,9 @@ import os
 import sys
 from pathlib import Path
 
+from _examples import example, script  # beside this script
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "scripts"))
-sys.path.insert(0, str(HERE.parent / "examples"))
 
 #: What every rank runs: one list of methods, trained one after the other.
 METHODS = ("allreduce", "atc exponential", "awc exponential", "atc one-peer", "awc one-peer",
@@ -51,7 +51,7 @@ def make_methods(n: int, lr: float, total_steps: int, names=METHODS):
 
     import jaxfog.optax as jfo
     import jaxfog.topology as T
-    import train_digits as td
+    td = example("train_digits")
 
     def inner():  # train_digits' inner optimizer
         return optax.sgd(optax.cosine_decay_schedule(lr, total_steps), momentum=0.9)
@@ -87,7 +87,7 @@ def lm_setup(args, n: int):
 
     import jaxfog.optax as jfo
     import jaxfog.topology as T
-    import train_lm as lm
+    lm = example("train_lm")
 
     size = lm.SIZES[args.size]._replace(
         **{k: v for k, v in (("steps", args.steps), ("eval_every", args.eval_every))
@@ -118,7 +118,7 @@ def rank_main(args) -> None:
     if args.model == "lm":
         return lm_rank_main(args)
     import jaxfog as jf
-    import train_digits as td
+    td = example("train_digits")
 
     agents = jf.Agents(simulated=4) if args.simulate else jf.Agents()
     n = agents.size
@@ -153,7 +153,7 @@ def _write_rank(args, agents, results: dict) -> None:
 
 def lm_rank_main(args) -> None:
     import jaxfog as jf
-    import train_lm as lm
+    lm = example("train_lm")
 
     agents = jf.Agents(simulated=4) if args.simulate else jf.Agents()
     size, data, model, runs = lm_setup(args, agents.size)
@@ -201,7 +201,7 @@ def summarise(per_rank: list[dict], target: float, model: str = "digits") -> dic
 def run_cluster(rate: str, args, hosts: int) -> dict:
     import tempfile
 
-    import netns_cluster
+    netns_cluster = script("netns_cluster")
 
     from jaxfog.testing import launch_environment, run_command
 
@@ -233,7 +233,7 @@ def describe(args, hosts: int, model_mb: float | None) -> tuple[str, str, str]:
     if args.model == "lm":
         import jax
 
-        import train_lm as lm
+        lm = example("train_lm")
 
         size, _, model, _ = lm_setup(args, hosts)
         count = sum(v.size for v in jax.tree.leaves(model[1]))
@@ -371,7 +371,7 @@ def main() -> None:
             args.rank_out = tempfile.mkdtemp()
         rank_main(args)
         return
-    import netns_cluster
+    netns_cluster = script("netns_cluster")
 
     why_not = netns_cluster.permitted()
     if why_not:

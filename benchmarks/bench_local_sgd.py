@@ -52,11 +52,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from _examples import example  # beside this script
 from jaxfog import _machine
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-sys.path.insert(0, str(HERE.parent / "examples"))
 N = 16
 
 
@@ -70,7 +70,7 @@ def methods(n: int, lr: float, total_steps: int):
     import jaxfog.compress as C
     import jaxfog.optax as jfo
     import jaxfog.topology as T
-    from train_digits import Method
+    Method = example("train_digits").Method
 
     def inner():
         return optax.sgd(optax.cosine_decay_schedule(lr, total_steps), momentum=0.9)
@@ -125,7 +125,8 @@ def run_methods(agents, epochs: int, batch: int, lr: float, echo: bool
     import jax
     import numpy as np
 
-    from train_digits import MLP, load, train
+    td = example("train_digits")
+    MLP, load, train = td.MLP, td.load, td.train
 
     n = agents.size
     shards, test = load(n)

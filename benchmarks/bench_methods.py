@@ -39,16 +39,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
+from _examples import example  # beside this script
 from jaxfog import _machine
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-sys.path.insert(0, str(HERE.parent / "examples"))
 N = 8
 INNERS = ("sgdm", "adam")
 INNER_LABELS = {"sgdm": "sgd(0.05, momentum=0.9)", "adam": "adam(1e-3)", "sgd": "step size 0.05"}
@@ -102,7 +101,7 @@ def runs(n: int) -> list[Run]:
 def shards(n: int, split: str):
     """Per-agent (images, labels) of equal length, and the test set."""
     import numpy as np
-    from train_digits import load
+    load = example("train_digits").load
 
     if split == "label":
         return load(n)
@@ -128,7 +127,7 @@ def train(optimizer, data, *, steps: int, every: int, batch: int, seed: int = 0)
     import optax
 
     import jaxfog as jf
-    from train_digits import MLP
+    MLP = example("train_digits").MLP
 
     parts, (x_test, y_test) = data
     xs = jnp.stack([jnp.asarray(x) for x, _ in parts])

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import jaxfog as jf
@@ -33,12 +32,12 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from _examples import example  # noqa: E402  (beside this script)
 from bench_neighbor_allreduce import SIZE, machine, rounds  # noqa: E402
 import jaxfog.optax as jfo  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import train_digits  # noqa: E402
-from train_digits_nnx import CNN  # noqa: E402
+train_digits = example("train_digits")
+CNN = example("train_digits_nnx").CNN
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BATCH = 32

@@ -47,15 +47,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+import jaxfog as jf
+import jaxfog.topology as T
+from _examples import example  # beside this script
+from jaxfog import _machine
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
-
-import _regression_data as regression  # noqa: E402
-import straggler  # noqa: E402
-
-import jaxfog as jf  # noqa: E402
-import jaxfog.topology as T  # noqa: E402
-from jaxfog import _machine  # noqa: E402
+regression = example("_regression_data")
+straggler = example("straggler")
 
 RESULTS = ROOT / "benchmarks" / "results"
 N = straggler.N

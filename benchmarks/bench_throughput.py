@@ -27,16 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "examples"))
+from _examples import example  # beside this script
+import jaxfog as jf
 
-import jaxfog as jf  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 jf.init()
 from mpi4py import MPI  # noqa: E402  (after init: jaxfog picks the MPI library)
@@ -73,7 +72,7 @@ def methods(inner) -> dict:
 
 def digits_problem(args):
     """(params, loss(params, k), inner()) for the digits MLP."""
-    import train_digits as td
+    td = example("train_digits")
 
     shards, _ = td.load(SIZE)
     x, y = (jnp.asarray(a) for a in shards[RANK])
@@ -93,7 +92,7 @@ def lm_problem(args):
     """(params, loss(params, k), inner()) for the language model."""
     from flax import nnx
 
-    import train_lm as lm
+    lm = example("train_lm")
 
     size = lm.SIZES[args.size]
     data = lm.corpus(SIZE, size, data_mb=size.data_mb, iid=False, seed=0)
@@ -129,7 +128,8 @@ def steps_per_second(params, loss, optimizer, steps: int, warmup: int, rounds: i
         jax.block_until_ready(params)
         slowest = COMM.allreduce(time.perf_counter() - began, op=MPI.MAX)
         rates.append(steps / slowest)
-    jf.wait_all(state)  # exchanges a delayed method keeps in flight
+    if hasattr(optimizer, "finish"):  # the exchanges a delayed method keeps in flight
+        jax.block_until_ready(jax.jit(optimizer.finish)(state, params))
     return rates
 
 

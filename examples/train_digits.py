@@ -253,6 +253,14 @@ class Progress:
         self.close()
 
 
+def in_flight(opt_state: Any) -> bool:
+    """Whether an optimizer state holds exchanges in flight (:class:`jaxfog.Handle`
+    s: atc/awc with ``delay=``, streaming_diloco), which ``optimizer.finish``
+    waits for and merges when training ends."""
+    is_handle = lambda leaf: isinstance(leaf, jf.Handle)  # noqa: E731
+    return any(map(is_handle, jax.tree.leaves(opt_state, is_leaf=is_handle)))
+
+
 def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch: int,
           seed: int, progress: bool, hidden: int = 128, target: float | None = None,
           wire_bytes: Callable[[], int] | None = None) -> list[dict[str, Any]]:
@@ -283,7 +291,7 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    def finish(params, opt_state):  # exchanges still in flight (streaming_diloco)
+    def finish(params, opt_state):  # exchanges still in flight (delay=, streaming_diloco)
         updates, opt_state = optimizer.finish(opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
@@ -301,6 +309,9 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
     # Compiled ahead, so that the wall times are training, not compilation.
     step = agents.map(step, in_axes=(0, 0, 0, 0, None, None)).lower(
         params, opt_state, xs, ys, 0, 0).compile()
+    # The exchanges a method keeps in flight are merged after the last step.
+    finish = (agents.map(finish).lower(params, opt_state).compile()
+              if hasattr(optimizer, "finish") and in_flight(opt_state) else None)
     evaluate = agents.map(evaluate)
     one = jax.tree.map(lambda v: np.zeros(v.shape[1:], v.dtype), params) if (
         agents.simulated) else params  # the shapes of one agent's parameters
@@ -328,8 +339,8 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
                 params, opt_state, loss = step(params, opt_state, xs, ys, epoch, i)
                 losses.append(loss)
                 bar(epoch * steps + i + 1, f"epoch {epoch + 1}")
-            if epoch == epochs - 1 and hasattr(optimizer, "finish"):
-                params, opt_state = agents.map(finish)(params, opt_state)
+            if epoch == epochs - 1 and finish is not None:
+                params, opt_state = finish(params, opt_state)
             losses = jax.block_until_ready(jnp.stack(losses, -1))
             elapsed += time.perf_counter() - start
             # What this rank put on the wire during the window, per step.
@@ -344,6 +355,8 @@ def train(agents: jf.Agents, method: Method, shards, test, *, epochs: int, batch
                 **({} if on_wire is None else {"interface_bytes_per_step": on_wire / steps}),
                 **run})
             if target is not None and rows[-1]["test_accuracy"] >= target:
+                if finish is not None and epoch < epochs - 1:
+                    finish(params, opt_state)  # stopped early: nothing left in flight
                 break  # the same on every agent: the averaged model's accuracy
     return rows
 

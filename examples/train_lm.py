@@ -84,7 +84,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from train_digits import Progress, Traffic, compressor  # beside this script
+from train_digits import Progress, Traffic, compressor, in_flight  # beside this script
 
 import jaxfog as jf
 import jaxfog.asynchrony as jfa
@@ -477,7 +477,7 @@ def train(agents: jf.Agents, method: Method, data: Corpus, size: Size, model: An
             traffic.evaluated()
             if target is not None and rows[-1]["val_bpb"] <= target:
                 break  # the same on every agent: the averaged model's
-    if hasattr(optimizer, "finish"):  # exchanges still in flight (streaming_diloco)
+    if hasattr(optimizer, "finish") and in_flight(state[1]):  # delay=, streaming_diloco
         def finish(params, opt_state):
             updates, opt_state = optimizer.finish(opt_state, params)
             return optax.apply_updates(params, updates), opt_state

@@ -133,16 +133,22 @@ class OptaxState(NamedTuple):
 
 def from_optax(optimizer: optax.GradientTransformation, *,
                free: Callable[[], None] = _nothing, asynchronous: bool = False,
-               finish: Callable[[Any], Any] = lambda state: state) -> Trainer:
+               finish: Callable[[Any], Any] | None = None) -> Trainer:
     """A trainer of one optax transformation: ``g = grad_fn(x, k)``,
     ``x += update(g)``. Synchronous for jaxfog's neighbour and collective
     ops; pass ``asynchronous=True`` for window-based ones that never wait
     (``async_push_sum``). Warns (:func:`jaxfog.optax.check_chain`) when a
-    mixing transformation is followed by others in a chain."""
+    mixing transformation is followed by others in a chain. The trainer's
+    ``finish`` is ``finish`` when given; else, for an optimizer with a
+    ``finish(opt_state, params)`` method (``atc``/``awc`` with ``delay=``,
+    ``streaming_diloco``: exchanges kept in flight), ``x += finish``'s updates;
+    else the state as it is."""
     what = "jaxfog.asynchrony.from_optax"
     V.transformation(what, "optimizer", optimizer)
     V.function(what, "free", free)
     V.flag(what, "asynchronous", asynchronous)
+    if finish is None:
+        finish = _finish_of(optimizer)
     V.function(what, "finish", finish)
     jf_optax.check_chain(optimizer)
 
@@ -158,6 +164,19 @@ def from_optax(optimizer: optax.GradientTransformation, *,
     step = _agent.StepFunction(local, static_argnums=1)
     return Trainer(init, step, lambda state: state.params, _always, free, asynchronous,
                    step.compile, finish)
+
+
+def _finish_of(optimizer: optax.GradientTransformation) -> Callable[[Any], Any]:
+    """:func:`from_optax`'s default finish: the optimizer's own, if it has one."""
+    if not callable(getattr(optimizer, "finish", None)):
+        return lambda state: state
+
+    def finish(state):
+        updates, opt_state = optimizer.finish(state.opt_state, state.params)
+        return state._replace(params=optax.apply_updates(state.params, updates),
+                              opt_state=opt_state)
+
+    return finish
 
 
 def async_push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.push_sum",

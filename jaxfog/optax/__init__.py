@@ -99,8 +99,8 @@ References:
 from jaxfog.optax._common import check_chain
 from jaxfog.optax._gossip import ErrorFeedbackState, PublicCopies
 from jaxfog.optax.compressed import BeerState, ChocoState, beer, choco
-from jaxfog.optax.diffusion import (DelayedDiffusionState, DiffusionState, atc, awc,
-                                    gradient_allreduce)
+from jaxfog.optax.diffusion import (DelayedDiffusionState, Diffusion, DiffusionState, atc,
+                                    awc, gradient_allreduce)
 from jaxfog.optax.exact import (ExactDiffusionState, TrackingState, exact_diffusion,
                                 gradient_tracking)
 from jaxfog.optax.local_sgd import (DiLoCoState, LocalSGDState, NoLoCoState, diloco, local_sgd,
@@ -112,7 +112,7 @@ from jaxfog.optax.streaming import (StreamingDiLoCo, StreamingDiLoCoState, strea
                                     streaming_offsets)
 
 __all__ = ["AsyncPushSumState", "BeerState", "ChocoState", "DiLoCoState", "DelayedDiffusionState",
-           "DiffusionState",
+           "Diffusion", "DiffusionState",
            "ErrorFeedbackState", "ExactDiffusionState", "LocalSGDState", "NoLoCoState",
            "PublicCopies", "PushDigingState", "PushSumState", "StreamingDiLoCo",
            "StreamingDiLoCoState", "TrackingState",

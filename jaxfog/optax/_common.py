@@ -154,7 +154,8 @@ COMMUNICATIONS = ("neighbor", "allreduce", "hierarchical", "none")
 class Delayed(NamedTuple):
     """The exchanges in flight of a delayed mixing, oldest first: each
     ``(handle, sent, self_weight)``, the handle of the mix of ``sent`` with
-    a W whose diagonal entry for this agent is ``self_weight``."""
+    a W whose diagonal entry for this agent is ``self_weight``; after a
+    ``finish`` (:func:`delayed_finish`), idle exchanges that mix nothing."""
 
     exchanges: tuple
 
@@ -213,3 +214,26 @@ def delayed_mix(tree: Tree, delayed: Delayed, topology: Any, count: jax.Array,
     mixed = jax.tree.map(lambda m, t, s: m + w.astype(t.dtype) * (t - s), wait(handle), tree,
                          sent)
     return mixed, Delayed((*rest, started))
+
+
+def _idle(exchange: tuple) -> tuple:
+    """An exchange that mixes nothing, in the place of ``exchange``: its
+    handle's arrays zero (ticket 0 on MPI processes, which waits for nothing
+    and gives zeros; zeros held on simulated agents), ``sent`` zero and the
+    self weight 1, so that :func:`delayed_mix`'s
+    ``wait + w (tree - sent)`` gives ``tree`` back. Structure, shapes and
+    dtypes are ``exchange``'s: a ``lax.scan`` carries it unchanged."""
+    handle, sent, w = exchange
+    return (jax.tree.map(jnp.zeros_like, handle), jax.tree.map(jnp.zeros_like, sent),
+            jnp.ones_like(w))
+
+
+def delayed_finish(tree: Tree, delayed: Delayed) -> tuple[Tree, Delayed]:
+    """Finishes every exchange in flight, oldest first, each as
+    :func:`delayed_mix` finishes one, ``z <- wait(handle) + w (z - sent)``
+    from ``z = tree``, starting none; returns ``z`` and idle exchanges in
+    their places (:func:`_idle`). The same waits on every rank, in one order."""
+    for handle, sent, w in delayed.exchanges:
+        tree = jax.tree.map(lambda m, t, s: m + w.astype(t.dtype) * (t - s), wait(handle),
+                            tree, sent)
+    return tree, Delayed(tuple(_idle(exchange) for exchange in delayed.exchanges))

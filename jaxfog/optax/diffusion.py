@@ -4,7 +4,7 @@ gradient average they are measured against (:func:`gradient_allreduce`)."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +15,8 @@ from jaxfog import compress as C
 from jaxfog.ops import allreduce
 from jaxfog.optax import _gossip as G
 from jaxfog.optax._common import (COMMUNICATIONS, Delayed, check_delay, communicate,
-                                  delayed_init, delayed_mix, mixes_parameters, need_params,
-                                  sub)
+                                  delayed_finish, delayed_init, delayed_mix, mixes_parameters,
+                                  need_params, sub)
 from jaxfog.optax._gossip import ErrorFeedbackState
 
 
@@ -52,9 +52,80 @@ class DelayedDiffusionState(NamedTuple):
     in_flight: Delayed
 
 
+Tree = Any
+
+
+class Diffusion(optax.GradientTransformationExtraArgs):
+    """What :func:`atc` and :func:`awc` return: an optax transformation with a
+    :meth:`finish` method."""
+
+    __slots__ = ()
+
+    def finish(self, state: Any, params: Tree) -> tuple[Tree, Any]:
+        r"""Waits for every exchange in flight and merges it now, without an
+        inner step.
+
+        With ``delay=d``, after the ``update`` of step :math:`K - 1` (which
+        gave the parameters :math:`x^K`) the state holds the exchanges
+        started at steps :math:`K - d, \dots, K - 1`, of the values
+        :math:`y^{K-d}, \dots, y^{K-1}` that the method mixes
+        (:math:`y^k = x^k + u^k` for :func:`atc`, :math:`y^k = x^k` for
+        :func:`awc`; :math:`y^m = x^0` for :math:`m < 0`, sent by ``init``).
+        ``finish`` merges them oldest first, each as ``update`` merges one,
+        from :math:`z^0 = x_i^K`:
+
+        .. math::
+
+            z^{m+1} = W_{ii}\, z^m + \sum_{j \ne i} W_{ij}\, y_j^{K-d+m},
+            \qquad m = 0, \dots, d - 1,
+
+        with :math:`W` the matrix of step :math:`K - d + m` (that
+        exchange's), and returns the updates :math:`z^d - x_i^K`. So
+        :math:`z^d` is the iterate the method reaches in :math:`d` more
+        steps with no inner update (:math:`u = 0`): those steps mix exactly
+        the exchanges in flight, and the exchanges they would start are not
+        started. With ``delay=0`` (and with a ``compressor``) nothing is in
+        flight: zero updates and the state unchanged.
+
+        Returns ``(updates, state)`` as ``update`` does (apply the updates to
+        ``params``). Call it, with the ``params`` the next ``update`` would
+        get, at the end of training (on MPI processes a handle never waited
+        for is reported at :func:`jaxfog.shutdown`, and those mixes would be
+        lost) or before saving the state (a handle names an exchange of this
+        process; it cannot be restored). Runs the same waits on every rank, in
+        one order; jittable. The state after it holds ``d`` *idle* exchanges
+        (zero arrays: on MPI processes ticket 0, which waits for nothing),
+        the same pytree as before, so :func:`jaxfog.wait_all` on it is safe
+        and training may go on: its next ``d`` steps mix with nobody
+        (:math:`W = I`, since the exchanges they would have waited for were
+        merged here), the steps after them as before. (``jaxfog.wait_all(state)``
+        also leaves nothing in flight, but drops those mixes instead of
+        applying them.)
+        """
+        return self.update.finish(state, params)
+
+
+class _Update:
+    """The ``update`` of :func:`atc` or :func:`awc`, with the ``finish`` that
+    :meth:`Diffusion.finish` calls. (No ``__slots__``: ``jax.jit(optimizer.update)``
+    needs a weak reference to it.)"""
+
+    def __init__(self, what: str, step: Callable,
+                 finish: Callable[[Any, Tree], tuple[Tree, Any]] | None = None):
+        def nothing_in_flight(state, params):
+            need_params(what, params)
+            return jax.tree.map(jnp.zeros_like, params), state
+
+        self.step = step
+        self.finish = nothing_in_flight if finish is None else finish
+
+    def __call__(self, grads: Tree, state: Any, params: Tree = None,
+                 **extra: Any) -> tuple[Tree, Any]:
+        return self.step(grads, state, params, **extra)
+
+
 def _delayed(what: str, inner: optax.GradientTransformation, topology: Any,
-             communication: str, delay: int, mix_params: bool
-             ) -> optax.GradientTransformationExtraArgs:
+             communication: str, delay: int, mix_params: bool) -> Diffusion:
     """awc (``mix_params``: mix x) or atc (mix x + u) with each mix applied
     ``delay`` steps after its exchange started."""
 
@@ -77,13 +148,18 @@ def _delayed(what: str, inner: optax.GradientTransformation, topology: Any,
             updates = sub(mixed, params)
         return updates, DelayedDiffusionState(inner_state, state.count + 1, in_flight)
 
-    return optax.GradientTransformationExtraArgs(init, update)
+    def finish(state, params):
+        need_params(what, params)
+        merged, in_flight = delayed_finish(params, state.in_flight)
+        return sub(merged, params), state._replace(in_flight=in_flight)
+
+    return Diffusion(init, _Update(what, update, finish))
 
 
 @mixes_parameters
 def atc(inner: optax.GradientTransformation, *, topology: Any = None,
         communication: str = "neighbor", global_every: int | None = None,
-        delay: int = 0, fused: bool = True) -> optax.GradientTransformationExtraArgs:
+        delay: int = 0, fused: bool = True) -> Diffusion:
     r"""Adapt then combine (ATC diffusion): a local optimizer step, then averaging.
 
     Every agent applies its inner update, then averages the result with its
@@ -172,8 +248,18 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
         a nonnegative :math:`W`, so stable for every ``d``; ``d = 0`` is the
         update above. Neighbour or ``"allreduce"`` communication, no
         ``global_every``. The exchanges in flight are
-        :class:`jaxfog.Handle` s in the state (:class:`DelayedDiffusionState`);
-        wait for them when training ends (``jaxfog.wait_all(opt_state)``).
+        :class:`jaxfog.Handle` s in the state (:class:`DelayedDiffusionState`).
+        When training ends, ``optimizer.finish(state, params)``
+        (:meth:`Diffusion.finish`) waits for the last ``d`` and merges them,
+        oldest first, as the next ``d`` steps would with no inner update
+        (from :math:`z^0 = x_i^K` after :math:`K` steps):
+
+        .. math::
+
+            z^{m+1} = W_{ii}\, z^m + \sum_{j \ne i} W_{ij}\, y_j^{K-d+m},
+            \qquad m = 0, \dots, d - 1,
+
+        its updates being :math:`z^d - x_i^K`.
       fused: ``True`` (default): the whole pytree travels as one message per
         peer, started once every leaf's update is computed. ``False``: one
         exchange per leaf, in reverse leaf order (the order in which the
@@ -185,13 +271,16 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
         Adam; not a global-norm clip, which needs every gradient first).
 
     Returns:
-      An ``optax.GradientTransformationExtraArgs`` whose state is a
-      :class:`DiffusionState` (the inner state and the step counter;
-      :class:`DelayedDiffusionState` with a delay).
+      A :class:`Diffusion`, an ``optax.GradientTransformationExtraArgs``
+      whose state is a :class:`DiffusionState` (the inner state and the step
+      counter; :class:`DelayedDiffusionState` with a delay).
       ``update(grads, state, params, **extra)`` needs ``params``
       (``ValueError`` without) and returns :math:`x_i^{k+1} - x_i^k`, the
       updates that move the parameters to the mixed values, so it must be the
-      last element of a chain.
+      last element of a chain. Its ``finish(state, params)``
+      (:meth:`Diffusion.finish`) waits for the exchanges a delay keeps in
+      flight and returns the updates that merge them: call it at the end of
+      training and before saving the state (zero updates without a delay).
 
     Example::
 
@@ -237,14 +326,14 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
         mixed = mix(optax.apply_updates(params, u), state.count)
         return sub(mixed, params), DiffusionState(inner_state, state.count + 1)
 
-    return optax.GradientTransformationExtraArgs(init, update)
+    return Diffusion(init, _Update("atc", update))
 
 
 @mixes_parameters
 def awc(inner: optax.GradientTransformation, *, topology: Any = None,
         communication: str = "neighbor", global_every: int | None = None,
         compressor: C.Compressor | None = None, gamma: float = 1.0, groups: Any = None,
-        seed: int = 0, delay: int = 0) -> optax.GradientTransformationExtraArgs:
+        seed: int = 0, delay: int = 0) -> Diffusion:
     r"""Adapt with combine (decentralized gradient descent): average, add the local update.
 
     .. math::
@@ -310,15 +399,23 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
 
             x_i^{k+1} = W_{ii}\, x_i^k + \sum_{j \ne i} W_{ij}\, x_j^{k-d} + u_i^k,
 
-        with :math:`x^{k-d} = x^0` for :math:`k < d`; no compressor.
+        with :math:`x^{k-d} = x^0` for :math:`k < d`; no compressor. When
+        training ends, ``optimizer.finish(state, params)``
+        (:meth:`Diffusion.finish`) merges the last ``d`` exchanges, oldest
+        first, as the next ``d`` steps would with :math:`u = 0`: from
+        :math:`z^0 = x_i^K`, :math:`z^{m+1} = W_{ii}\, z^m + \sum_{j \ne i}
+        W_{ij}\, x_j^{K-d+m}`, its updates :math:`z^d - x_i^K`.
 
     Returns:
-      An ``optax.GradientTransformationExtraArgs`` whose state is a
-      :class:`DiffusionState` (the inner state and the step counter), or an
+      A :class:`Diffusion`, an ``optax.GradientTransformationExtraArgs``
+      whose state is a :class:`DiffusionState` (the inner state and the step
+      counter; :class:`DelayedDiffusionState` with a delay), or an
       :class:`ErrorFeedbackState` with a compressor.
       ``update(grads, state, params, **extra)`` needs ``params``
       (``ValueError`` without) and returns :math:`x_i^{k+1} - x_i^k`, so it
-      must be the last element of a chain.
+      must be the last element of a chain. Its ``finish(state, params)``
+      (:meth:`Diffusion.finish`) merges what a delay keeps in flight (zero
+      updates without one), as for :func:`atc`.
 
     Example::
 
@@ -364,12 +461,12 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
         return (jax.tree.map(lambda m, p, d: m - p + d, mixed, params, u),
                 DiffusionState(inner_state, state.count + 1))
 
-    return optax.GradientTransformationExtraArgs(init, update)
+    return Diffusion(init, _Update("awc", update))
 
 
 def _compressed_awc(inner: optax.GradientTransformation, topology: Any,
                     compressor: C.Compressor, gamma: float, groups: Any,
-                    seed: int) -> optax.GradientTransformationExtraArgs:
+                    seed: int) -> Diffusion:
 
     def init(params):
         plan = G.layout(topology, compressor, params, groups)
@@ -385,7 +482,7 @@ def _compressed_awc(inner: optax.GradientTransformation, topology: Any,
         return (jax.tree.map(lambda m, d: gamma * m + d, mix, u),
                 ErrorFeedbackState(inner_state, residual, state.key, state.count + 1))
 
-    return optax.GradientTransformationExtraArgs(init, update)
+    return Diffusion(init, _Update("awc", update))
 
 
 def gradient_allreduce(inner: optax.GradientTransformation, *,
@@ -469,4 +566,7 @@ def gradient_allreduce(inner: optax.GradientTransformation, *,
     return optax.GradientTransformationExtraArgs(init, update_compressed)
 
 
-__all__ = ["DiffusionState", "atc", "awc", "gradient_allreduce"]
+Diffusion.__module__ = "jaxfog.optax"  # documented (and exported) there
+
+__all__ = ["DelayedDiffusionState", "Diffusion", "DiffusionState", "atc", "awc",
+           "gradient_allreduce"]
