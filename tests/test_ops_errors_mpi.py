@@ -124,8 +124,38 @@ def test_missing_sender_times_out_naming_the_peer():
             jf.neighbor_allreduce(jnp.ones(4), self_weight=0.5, src_weights=src,
                                   dst_weights=[])
         assert time.monotonic() - start < 15
+        # A peer that never answered may have died: nothing more is posted to it
+        # (MPICH's ch4:ucx crashes sending to a dead process); the next op with
+        # it fails at once, naming it and why.
+        start = time.monotonic()
+        with pytest.raises(Exception, match="neighbor_allreduce .op #2 on rank 1.: rank 0 has "
+                                            "failed: it did not answer jaxfog neighbor_allreduce "
+                                            ".op #1 on rank 1. within 2 s .JAXFOG_TIMEOUT.; "
+                                            "jaxfog posts nothing more to it"):
+            jf.neighbor_allreduce(jnp.ones(4), self_weight=0.5, src_weights=src,
+                                  dst_weights=[])
+        assert time.monotonic() - start < 1
     else:
         jf.neighbor_allreduce(jnp.ones(4), self_weight=0.5, src_weights=src, dst_weights=[])
+
+
+@mpi_test(nprocs=(2,))
+def test_the_launchers_notice_that_a_process_died_does_not_kill_a_rank():
+    import os
+    import signal
+
+    import jax.numpy as jnp
+
+    # Hydra (with -disable-auto-cleanup) sends SIGUSR1 to every process of the
+    # job when one dies; jaxfog catches it and asks MPI which died. Here none
+    # did: the rank lives on and its ops go on.
+    jf, r, n = _setup()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    y = jf.allreduce(jnp.full(3, float(r)), op="sum")
+    assert float(y[0]) == sum(range(n))
+    y = jf.neighbor_allreduce(jnp.full(3, float(r)), self_weight=0.5,
+                              src_weights={(r + 1) % n: 0.5}, dst_weights=[(r - 1) % n])
+    assert float(y[0]) == 0.5 * r + 0.5 * ((r + 1) % n)
 
 
 @mpi_test(nprocs=(2, 3), env={"JAXFOG_TIMEOUT": "3"})

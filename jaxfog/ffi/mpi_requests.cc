@@ -49,7 +49,38 @@ std::string Departed(const WaitScope& scope, int comm_rank, int world_rank,
   return text;
 }
 
+std::string RankName(const WaitScope& scope, int comm_rank) {
+  std::string text = "rank " + std::to_string(comm_rank);
+  if (static_cast<size_t>(comm_rank) < scope.world_ranks.size() &&
+      scope.world_ranks[comm_rank] != comm_rank) {
+    text += " (world rank " + std::to_string(scope.world_ranks[comm_rank]) + ")";
+  }
+  return text;
+}
+
 }  // namespace
+
+ffi::Error CheckFailedPeers(const WaitScope& scope, const std::string& what,
+                            const std::vector<int>& comm_ranks) {
+  if (scope.watch == nullptr) return ffi::Error::Success();
+  const int size = static_cast<int>(scope.world_ranks.size());
+  auto check = [&](int comm_rank) -> ffi::Error {
+    if (comm_rank == scope.rank || comm_rank < 0 || comm_rank >= size) {
+      return ffi::Error::Success();
+    }
+    std::optional<std::string> why = scope.watch->Failed(scope.world_ranks[comm_rank]);
+    if (!why) return ffi::Error::Success();
+    NoteCommFailure();  // the exit is bounded: MPI_Finalize may wait for it
+    return ffi::Error(ffi::ErrorCode::kUnavailable,
+                      what + ": " + RankName(scope, comm_rank) + " has failed: " + *why +
+                          "; jaxfog posts nothing more to it");
+  };
+  if (comm_ranks.empty()) {
+    for (int r = 0; r < size; ++r) JAXFOG_RETURN_IF_ERROR(check(r));
+  }
+  for (int r : comm_ranks) JAXFOG_RETURN_IF_ERROR(check(r));
+  return ffi::Error::Success();
+}
 
 // MPI results are ignored here: a destructor has no one to tell, and the
 // error that brought us here is already on its way.
@@ -82,6 +113,23 @@ std::string RequestSet::Waiting() const {
     }
   }
   return waiting;
+}
+
+std::vector<int> RequestSet::WaitedFor(const WaitScope& scope) const {
+  std::vector<int> ranks;
+  for (size_t i = 0; i < requests_.size(); ++i) {
+    if (requests_[i] == MPI_REQUEST_NULL) continue;
+    const int rank = owners_[std::min(i, owners_.size() - 1)].rank;
+    if (rank == kEveryone) {
+      ranks.clear();
+      for (int r = 0; r < static_cast<int>(scope.world_ranks.size()); ++r) {
+        if (r != scope.rank) ranks.push_back(r);
+      }
+      return ranks;
+    }
+    if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) ranks.push_back(rank);
+  }
+  return ranks;
 }
 
 ffi::Error RequestSet::CheckDepartures(const WaitScope& scope, const std::string& what,
@@ -119,6 +167,11 @@ ffi::Error RequestSet::CheckDepartures(const WaitScope& scope, const std::string
     for (int rank = 0; rank < static_cast<int>(scope.world_ranks.size()); ++rank) {
       JAXFOG_RETURN_IF_ERROR(check(rank));
     }
+  }
+  // A rank that died (the launcher said so) sends nothing more.
+  if (ffi::Error failed = CheckFailedPeers(scope, what, WaitedFor(scope)); !failed.success()) {
+    return ffi::Error(ffi::ErrorCode::kUnavailable,
+                      failed.message() + " (still waiting for " + Waiting() + ")");
   }
   return ffi::Error::Success();
 }
@@ -170,6 +223,27 @@ ffi::Error RequestSet::WaitAll(const WaitScope& scope, const std::string& what,
     const double waited = std::chrono::duration<double>(now - start).count();
     if (timeout_seconds > 0 && waited > timeout_seconds) {
       NoteCommFailure();
+      // A peer that never answered may have died: nothing more is posted to
+      // it (MPI may crash sending to a dead process), the goodbye included.
+      // Only peers named one by one: a collective's silence names no one.
+      if (scope.watch != nullptr) {
+        bool everyone = false;
+        for (size_t i = 0; i < requests_.size(); ++i) {
+          if (requests_[i] != MPI_REQUEST_NULL &&
+              owners_[std::min(i, owners_.size() - 1)].rank == kEveryone) {
+            everyone = true;
+          }
+        }
+        if (!everyone) {
+          for (int r : WaitedFor(scope)) {
+            if (static_cast<size_t>(r) < scope.world_ranks.size()) {
+              scope.watch->MarkFailed(scope.world_ranks[r],
+                                      "it did not answer " + what + " within " +
+                                          Seconds(timeout_seconds) + " s (JAXFOG_TIMEOUT)");
+            }
+          }
+        }
+      }
       return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
                         what + " timed out after " + Seconds(timeout_seconds) +
                             " s (JAXFOG_TIMEOUT) waiting for " + Waiting() +

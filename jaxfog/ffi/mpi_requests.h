@@ -34,6 +34,14 @@ struct WaitScope {
 // communicator (a collective).
 constexpr int kEveryone = -1;
 
+// Fails (kUnavailable) if one of `comm_ranks` (ranks of the scope's
+// communicator; empty: every other rank) is known to have failed (the peer
+// watch's MarkFailed, or the launcher's notice): an op checks this before it
+// posts anything, since MPI may crash sending to a dead process. Success
+// without a watch.
+ffi::Error CheckFailedPeers(const WaitScope& scope, const std::string& what,
+                            const std::vector<int>& comm_ranks = {});
+
 // MPI requests, owned until they complete. Owners say what the requests are
 // for, so that a timeout says which peers never answered and a long wait
 // knows which ranks it waits for: request i is for owners[min(i, last)]
@@ -83,8 +91,11 @@ class RequestSet {
   // The owners of the requests still pending, in words ("rank 1, the header
   // to rank 2").
   std::string Waiting() const;
+  // The ranks the pending requests wait for (kEveryone: every other rank).
+  std::vector<int> WaitedFor(const WaitScope& scope) const;
   // The first rank a pending request waits for that has left, after a
-  // moment's grace for its last messages, as an error; success otherwise.
+  // moment's grace for its last messages, or that failed (CheckFailedPeers),
+  // as an error; success otherwise.
   ffi::Error CheckDepartures(const WaitScope& scope, const std::string& what,
                              Clock::time_point start) const;
 

@@ -201,6 +201,8 @@ std::string MpiTransport::Describe(const OpInfo& info) const {
 
 ffi::Error MpiTransport::Barrier() {
   timeline::Span span("MPI_Ibarrier");
+  JAXFOG_RETURN_IF_ERROR(
+      CheckFailedPeers(scope_, "jaxfog barrier on rank " + std::to_string(rank_)));
   RequestSet requests("the other ranks");
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Ibarrier(comm_, requests.Add()), "MPI_Ibarrier");
   return requests.WaitAll(scope_, "jaxfog barrier on rank " + std::to_string(rank_));
@@ -219,6 +221,7 @@ ffi::Error MpiTransport::CheckExchange(const OpInfo& info, const std::vector<Sen
 
 ffi::Error MpiTransport::CheckCollective(const OpInfo& info, uint64_t bytes) {
   Begin(info.op);
+  JAXFOG_RETURN_IF_ERROR(CheckFailedPeers(scope_, Describe(info)));
   return Agree(comm_, rank_, size_, scope_, info, sequence_, bytes, Describe(info));
 }
 
@@ -227,6 +230,12 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
                                   const Streaming* streaming, bool with_data) {
   Begin(info.op);
   const std::string what = Describe(info);
+  {
+    std::vector<int> peers;
+    for (const RecvSpec& recv : recvs) peers.push_back(recv.peer);
+    for (const SendSpec& send : sends) peers.push_back(send.peer);
+    if (!peers.empty()) JAXFOG_RETURN_IF_ERROR(CheckFailedPeers(scope_, what, peers));
+  }
   size_t sent = 0;
   if (with_data) {
     for (const SendSpec& send : sends) sent += TotalBytes(send.pieces);
@@ -320,6 +329,7 @@ ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out
     return ffi::Error::InvalidArgument(what + ": unsupported dtype " + DTypeName(type));
   }
   const size_t width = ffi::ByteWidth(type);
+  JAXFOG_RETURN_IF_ERROR(CheckFailedPeers(scope_, what));
   JAXFOG_RETURN_IF_ERROR(
       Agree(comm_, rank_, size_, scope_, info, sequence_, count * width, what));
   // What a bandwidth-optimal (ring) allreduce sends per rank.
@@ -346,6 +356,7 @@ ffi::Error MpiTransport::Broadcast(const OpInfo& info, void* data, size_t bytes,
                                    const std::function<void()>& meanwhile) {
   Begin(info.op);
   const std::string what = Describe(info);
+  JAXFOG_RETURN_IF_ERROR(CheckFailedPeers(scope_, what));
   JAXFOG_RETURN_IF_ERROR(Agree(comm_, rank_, size_, scope_, info, sequence_, bytes, what));
   const int64_t peers = rank_ == root ? size_ - 1 : 0;  // the root sends to every other rank
   traffic::Add(info.op, peers, peers * static_cast<int64_t>(bytes));
@@ -365,6 +376,7 @@ ffi::Error MpiTransport::Allgather(const OpInfo& info, const void* in, void* out
                                    size_t bytes) {
   Begin(info.op);
   const std::string what = Describe(info);
+  JAXFOG_RETURN_IF_ERROR(CheckFailedPeers(scope_, what));
   JAXFOG_RETURN_IF_ERROR(Agree(comm_, rank_, size_, scope_, info, sequence_, bytes, what));
   if (bytes > max_message_bytes_) {
     return ffi::Error::InvalidArgument(

@@ -1,7 +1,11 @@
 #include "peer_watch.h"
 
+#include <dlfcn.h>
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -45,7 +49,8 @@ PeerWatch::PeerWatch(MPI_Comm comm, int rank, int size, uint64_t generation,
       rank_(rank),
       generation_(generation),
       warn_after_seconds_(warn_after_seconds),
-      departed_(size) {}
+      departed_(size),
+      failed_(size) {}
 
 ffi::ErrorOr<std::shared_ptr<PeerWatch>> PeerWatch::Create(MPI_Comm comm,
                                                            double warn_after_seconds) {
@@ -54,6 +59,7 @@ ffi::ErrorOr<std::shared_ptr<PeerWatch>> PeerWatch::Create(MPI_Comm comm,
       CheckMpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "peer watch: MPI_Comm_set_errhandler"));
   JAXFOG_RETURN_IF_ERROR_OR(CheckMpi(MPI_Comm_rank(comm, &rank), "peer watch: MPI_Comm_rank"));
   JAXFOG_RETURN_IF_ERROR_OR(CheckMpi(MPI_Comm_size(comm, &size), "peer watch: MPI_Comm_size"));
+  CatchLauncherNotices();
   static std::atomic<uint64_t> watches{0};  // this process's inits so far
   std::shared_ptr<PeerWatch> watch(
       new PeerWatch(comm, rank, size, ++watches, warn_after_seconds));
@@ -137,7 +143,59 @@ std::optional<PeerWatch::Departure> PeerWatch::Gone(int rank) const {
   return departed_[rank];
 }
 
+void PeerWatch::MarkFailed(int rank, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (rank < 0 || rank == rank_ || static_cast<size_t>(rank) >= failed_.size()) return;
+  if (!failed_[rank]) failed_[rank] = why;
+}
+
+std::optional<std::string> PeerWatch::Failed(int rank) {
+  CheckLauncherNotice();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (rank < 0 || static_cast<size_t>(rank) >= failed_.size()) return std::nullopt;
+  return failed_[rank];
+}
+
+void PeerWatch::CheckLauncherNotice() {
+  const uint64_t notices = LauncherNotices();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (notices == notices_seen_ || stopped_) return;
+  // Hydra records the death before it signals; should MPI not know it yet,
+  // ask again, at most every 50 ms.
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_ask_) return;
+  next_ask_ = now + std::chrono::milliseconds(50);
+  // An MPICH extension (also in Open MPI 5's ULFM), looked up at run time.
+  using GetFailed = int (*)(MPI_Comm, MPI_Group*);
+  static const auto get_failed =
+      reinterpret_cast<GetFailed>(dlsym(RTLD_DEFAULT, "MPIX_Comm_get_failed"));
+  if (get_failed == nullptr) {
+    notices_seen_ = notices;
+    return;
+  }
+  MPI_Group failed = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  int count = 0;
+  if (get_failed(comm_, &failed) != MPI_SUCCESS || failed == MPI_GROUP_NULL) return;
+  if (MPI_Group_size(failed, &count) == MPI_SUCCESS && count > 0 &&
+      MPI_Comm_group(comm_, &world) == MPI_SUCCESS) {
+    std::vector<int> ranks(static_cast<size_t>(count)), world_ranks(ranks.size());
+    for (int i = 0; i < count; ++i) ranks[i] = i;
+    if (MPI_Group_translate_ranks(failed, count, ranks.data(), world, world_ranks.data()) ==
+        MPI_SUCCESS) {
+      for (int r : world_ranks) {
+        if (r >= 0 && r != rank_ && static_cast<size_t>(r) < failed_.size() && !failed_[r]) {
+          failed_[r] = "its process died (the launcher said so: MPIX_Comm_get_failed)";
+        }
+      }
+      notices_seen_ = notices;
+    }
+  }
+  if (world != MPI_GROUP_NULL) MPI_Group_free(&world);
+  if (failed != MPI_GROUP_NULL && failed != MPI_GROUP_EMPTY) MPI_Group_free(&failed);
+}
+
 ffi::Error PeerWatch::SayGoodbye(Reason reason) {
+  CheckLauncherNotice();
   std::lock_guard<std::mutex> lock(mutex_);
   // Goodbyes already here: no message to a rank that will never read it.
   JAXFOG_RETURN_IF_ERROR(PollLocked());
@@ -159,7 +217,8 @@ ffi::Error PeerWatch::SayGoodbye(Reason reason) {
   std::vector<MPI_Request> sends;
   ffi::Error result = ffi::Error::Success();
   for (int peer = 0; peer < static_cast<int>(departed_.size()); ++peer) {
-    if (peer == rank_ || departed_[peer]) continue;
+    // Nor to a rank that failed: MPI may crash sending to a dead process.
+    if (peer == rank_ || departed_[peer] || failed_[peer]) continue;
     MPI_Request& request = sends.emplace_back(MPI_REQUEST_NULL);
     if (int code = MPI_Isend(&out, sizeof(Wire), MPI_BYTE, peer, kGoodbyeTag, comm_, &request);
         code != MPI_SUCCESS) {
@@ -202,5 +261,33 @@ std::atomic<bool> comm_failed{false};
 
 void NoteCommFailure() { comm_failed.store(true); }
 bool CommFailed() { return comm_failed.load(); }
+
+namespace {
+std::atomic<uint64_t> launcher_notices{0};
+struct sigaction previous_usr1;
+
+void OnLauncherNotice(int signal, siginfo_t* info, void* context) {
+  launcher_notices.fetch_add(1, std::memory_order_relaxed);  // lock-free: signal-safe
+  if (previous_usr1.sa_flags & SA_SIGINFO) {
+    if (previous_usr1.sa_sigaction != nullptr) previous_usr1.sa_sigaction(signal, info, context);
+  } else if (previous_usr1.sa_handler != SIG_DFL && previous_usr1.sa_handler != SIG_IGN) {
+    previous_usr1.sa_handler(signal);
+  }
+}
+}  // namespace
+
+void CatchLauncherNotices() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action;
+    std::memset(&action, 0, sizeof(action));
+    action.sa_sigaction = &OnLauncherNotice;
+    action.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGUSR1, &action, &previous_usr1);
+  });
+}
+
+uint64_t LauncherNotices() { return launcher_notices.load(std::memory_order_relaxed); }
 
 }  // namespace jaxfog

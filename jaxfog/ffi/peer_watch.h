@@ -7,7 +7,14 @@
 // goodbyes. A wait that has lasted a little polls it now and then
 // (RequestSet::WaitAll in mpi_requests.cc) and fails when a rank it waits
 // for has said goodbye. A rank killed outright says nothing: mpiexec tears
-// the job down then.
+// the job down then, unless told not to (hydra's -disable-auto-cleanup).
+//
+// The watch also keeps the ranks this process knows to have failed, to which
+// jaxfog posts nothing more (MPICH 5.0.2's ch4:ucx segfaults in MPI_Isend to a
+// rank whose process died): a rank an op timed out waiting for, and a rank
+// the launcher reported dead. Hydra tells the surviving processes that one
+// died with SIGUSR1 (with -disable-auto-cleanup); the watch catches it (a
+// process would die of it) and asks MPI which (MPIX_Comm_get_failed).
 #ifndef JAXFOG_FFI_PEER_WATCH_H_
 #define JAXFOG_FFI_PEER_WATCH_H_
 
@@ -94,6 +101,16 @@ class PeerWatch {
   // World rank `rank`'s goodbye, if it has said one (as of the last Poll).
   std::optional<Departure> Gone(int rank) const;
 
+  // Ranks this process knows to have failed (world ranks), and why, in
+  // words ("timed out in jaxfog neighbor_allreduce (op #5 on rank 0)", "its
+  // process died (the launcher said so)"). Marked by a wait that timed out,
+  // or learnt from MPI after the launcher's SIGUSR1 (checked by each call).
+  void MarkFailed(int rank, const std::string& why);
+  std::optional<std::string> Failed(int rank);
+  // Asks MPI which processes died, if the launcher said one did since the
+  // last time. Thread-safe; cheap when nothing was said.
+  void CheckLauncherNotice();
+
   // Sends this rank's goodbye to every rank not known to have left. Once
   // every op of this rank has finished; best effort (a peer that left
   // meanwhile gets an eager message it never reads).
@@ -133,6 +150,9 @@ class PeerWatch {
   Wire inbox_{};
   bool stopped_ = false;
   std::vector<std::optional<Departure>> departed_;  // by world rank
+  std::vector<std::optional<std::string>> failed_;  // by world rank (mutex_)
+  uint64_t notices_seen_ = 0;  // launcher notices (SIGUSR1) already asked about (mutex_)
+  std::chrono::steady_clock::time_point next_ask_{};  // (mutex_)
   std::mutex progress_mutex_;
   std::deque<std::pair<int64_t, Progress>> progress_;  // a deque: stable addresses
 };
@@ -143,6 +163,12 @@ class PeerWatch {
 // bounded (jaxfog_bound_exit).
 void NoteCommFailure();
 bool CommFailed();
+
+// Installs (once per process) the SIGUSR1 handler that counts the launcher's
+// notices that a process of the job died; a handler installed before it
+// (one of Python's, say) still runs. The default action (death) does not.
+void CatchLauncherNotices();
+uint64_t LauncherNotices();
 
 }  // namespace jaxfog
 
