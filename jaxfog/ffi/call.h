@@ -51,10 +51,21 @@ inline ffi::ErrorOr<std::vector<Leaf>> Inputs(Staging* staging, ffi::RemainingAr
   return leaves;
 }
 
+// The results' leaves. A nonblocking start's call (its staging ticketed) has
+// one result more, last: its ticket, set aside in the staging as it is.
 inline ffi::ErrorOr<std::vector<Leaf>> Outputs(Staging* staging, ffi::RemainingRets rets) {
   std::vector<Leaf> leaves;
   std::vector<Piece> pieces;
-  for (size_t i = 0; i < rets.size(); ++i) {
+  size_t count = rets.size();
+  if (staging != nullptr && staging->ticketed()) {
+    if (count == 0) {
+      return ffi::Unexpected<ffi::Error>(
+          ffi::Error::Internal("jaxfog: a nonblocking start without its ticket result"));
+    }
+    JAXFOG_ASSIGN_OR_RETURN(ticket, rets.get<ffi::AnyBuffer>(--count));
+    staging->set_ticket(ticket->untyped_data());
+  }
+  for (size_t i = 0; i < count; ++i) {
     JAXFOG_ASSIGN_OR_RETURN(result, rets.get<ffi::AnyBuffer>(i));
     ffi::AnyBuffer& b = *result;
     leaves.push_back({b.element_type(), b.element_count(), b.size_bytes(), nullptr, nullptr});

@@ -14,7 +14,6 @@
 
 namespace jaxfog {
 
-thread_local void* ticket_out = nullptr;
 
 namespace {
 
@@ -229,10 +228,10 @@ ffi::Error Register(std::shared_ptr<Pending> pending) {
   if (std::optional<ffi::Error> outcome = pending->Outcome(); outcome && !outcome->success()) {
     return *outcome;
   }
-  if (ticket_out == nullptr) {
+  void* where = pending->staging()->ticket();
+  if (where == nullptr) {
     return ffi::Error::Internal("jaxfog: a nonblocking start without its ticket result");
   }
-  void* where = ticket_out;
   Pending* started = pending.get();
   JAXFOG_ASSIGN_OR_FAIL(ticket, Handles::Global().Add(std::move(pending)));
   return started->WriteTicket(where, static_cast<float>(ticket));

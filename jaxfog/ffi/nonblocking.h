@@ -46,7 +46,7 @@ struct Handler;  // handler.h
 class Pending {
  public:
   Pending(OpCode op, std::unique_ptr<DeviceCopier> copier)
-      : op_(op), copier_(std::move(copier)), staging_(copier_.get()) {}
+      : op_(op), copier_(std::move(copier)), staging_(copier_.get(), /*ticketed=*/true) {}
 
   OpCode op() const { return op_; }
   Staging* staging() { return &staging_; }
@@ -77,12 +77,10 @@ class Pending {
   std::function<void(const ffi::Error&)> then_;
 };
 
-// Registers a started op and writes its ticket where the running start
-// call's ticket goes; an op that already failed (bad input) fails the start.
+// Registers a started op and writes its ticket into the start call's ticket
+// result (its staging's); an op that already failed (bad input) fails the
+// start.
 ffi::Error Register(std::shared_ptr<Pending> pending);
-
-// Where the start call running on this thread writes its ticket.
-extern thread_local void* ticket_out;
 
 // The start form of op `op`'s handler: Handler<op>::Run through a Pending's
 // staging, the messages always handed to the communication thread.
@@ -122,20 +120,13 @@ struct CudaStart<op, R (*)(Args...)> {
   static auto Bind() { return Handler<op>::Bind().template Ctx<ffi::PlatformStream<void*>>(); }
 };
 
-// XLA's handler of a start form `Impl` of op `op` on `frame`: the frame
-// without its last result (the ticket), which the start writes.
+// XLA's handler of a start form `Impl` of op `op` on `frame`: the op's
+// binding, whose remaining results take the ticket too (Outputs in call.h
+// sets it aside).
 template <OpCode op, typename Impl>
 XLA_FFI_Error* CallStartHandler(XLA_FFI_CallFrame* frame) {
   XLA_FFI_DEFINE_HANDLER(handler, (Guard<op, &Impl::Handle>::Run), Impl::Bind());
-  if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE || frame->rets.size == 0) {
-    return (*handler)(frame);  // XLA asking for the handler's metadata
-  }
-  XLA_FFI_CallFrame call = *frame;
-  call.rets.size -= 1;
-  ticket_out = reinterpret_cast<XLA_FFI_Buffer*>(frame->rets.rets[call.rets.size])->data;
-  XLA_FFI_Error* error = (*handler)(&call);
-  ticket_out = nullptr;
-  return error;
+  return (*handler)(frame);
 }
 
 }  // namespace jaxfog

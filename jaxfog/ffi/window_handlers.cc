@@ -159,12 +159,13 @@ auto WinPutBinding() {
 
 // win_get: my slot for j := w_j * (j's published value and p), for each
 // source j; counts a version on each slot written.
-ffi::ErrorOr<Job> WinGetJob(Staging*, int64_t win_id, double, I64s src_ranks, I64s src_regions,
-                            F64s src_weights, bool require_mutex, ffi::Token,
+ffi::ErrorOr<Job> WinGetJob(Staging* staging, int64_t win_id, double, I64s src_ranks,
+                            I64s src_regions, F64s src_weights, bool require_mutex, ffi::Token,
                             ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                             ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(window, LookupWindow(win_id));
-  if (args.size() || rets.size() || src_ranks.size() != src_regions.size() ||
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(staging, rets));  // none (a start's ticket aside)
+  if (args.size() || !out.empty() || src_ranks.size() != src_regions.size() ||
       src_ranks.size() != src_weights.size()) {
     return ffi::Unexpected<ffi::Error>(Malformed(OpCode::kWinGet));
   }
