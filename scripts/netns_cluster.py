@@ -12,7 +12,9 @@ Processes run "on" host i through ``ip netns exec`` plus ``unshare --uts`` (so
 ``hostname`` says ``node<i>``, which MPI and JAX use to tell machines apart);
 names resolve through ``/etc/netns/<ns>/hosts``, which ``ip netns exec``
 mounts over ``/etc/hosts``. MPICH's hydra launches its proxies through a
-wrapper it calls like ssh (``HYDRA_LAUNCHER_EXEC``); mpiexec itself runs on
+wrapper it calls like ssh (``HYDRA_LAUNCHER_EXEC``), Open MPI 5's PRRTE its
+daemons through the same (``PRTE_MCA_plm_ssh_agent``; give it the hosts
+with ``--hosts``: it cannot read hydra's ``host:slots`` hostfile); mpiexec itself runs on
 node0, since only addresses inside the rig reach the proxies. Ranks on
 different hosts get different hydra node ids, so MPICH uses no shared memory
 between them.
@@ -208,6 +210,8 @@ exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' 
         and MPI's transports kept on the network between hosts."""
         return {**(os.environ if env is None else env), "HYDRA_LAUNCHER": "ssh",
                 "HYDRA_LAUNCHER_EXEC": str(self.launcher),
+                # Open MPI 5's launcher (PRRTE) calls the same wrapper as its ssh.
+                "PRTE_MCA_plm_ssh_agent": str(self.launcher),
                 # UCX (MPICH's default netmod) sees one kernel and would use shared
                 # memory between namespaces: only 16 KB of a 4 MB allreduce crossed.
                 "UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0", "FI_PROVIDER": "tcp"}

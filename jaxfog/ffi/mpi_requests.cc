@@ -176,6 +176,40 @@ ffi::Error RequestSet::CheckDepartures(const WaitScope& scope, const std::string
   return ffi::Error::Success();
 }
 
+std::vector<int> RequestSet::Peers(const WaitScope& scope) const {
+  std::vector<int> ranks;
+  for (const Owner& owner : owners_) {
+    if (owner.rank == kEveryone) {
+      ranks.clear();
+      for (int r = 0; r < static_cast<int>(scope.world_ranks.size()); ++r) {
+        if (r != scope.rank) ranks.push_back(r);
+      }
+      return ranks;
+    }
+    if (std::find(ranks.begin(), ranks.end(), owner.rank) == ranks.end()) {
+      ranks.push_back(owner.rank);
+    }
+  }
+  return ranks;
+}
+
+ffi::Error RequestSet::FailedWait(const WaitScope& scope, const std::string& what, int code) {
+  // Open MPI's ULFM fails a request whose peer died (MPI_ERR_PROC_FAILED,
+  // in a status: MPI_ERR_IN_STATUS): say which peer, as for a launcher's
+  // notice, and post nothing more to it.
+  if (scope.watch != nullptr) {
+    NoteCommFailure();
+    scope.watch->LearnFailures();
+    if (ffi::Error failed = CheckFailedPeers(scope, what, Peers(scope)); !failed.success()) {
+      const std::string waiting = Waiting();
+      return ffi::Error(ffi::ErrorCode::kUnavailable,
+                        failed.message() + " (MPI: " + MpiErrorString(code) +
+                            (waiting.empty() ? "" : "; still waiting for " + waiting) + ")");
+    }
+  }
+  return CheckMpi(code, what);
+}
+
 ffi::Error RequestSet::WaitAll(const WaitScope& scope, const std::string& what,
                                std::vector<int64_t>* done_at, const Finished& on_finished) {
   const auto start = Clock::now();
@@ -206,8 +240,10 @@ ffi::Error RequestSet::WaitAll(const WaitScope& scope, const std::string& what,
   for (int polls = 0;; ++polls) {
     if (pending == 0) return ffi::Error::Success();
     int count = 0;
-    JAXFOG_RETURN_IF_MPI_ERROR(
-        MPI_Testsome(n, requests_.data(), &count, finished, MPI_STATUSES_IGNORE), what);
+    if (int code = MPI_Testsome(n, requests_.data(), &count, finished, MPI_STATUSES_IGNORE);
+        code != MPI_SUCCESS) {
+      return FailedWait(scope, what, code);
+    }
     if (count == MPI_UNDEFINED) return ffi::Error::Success();  // none left active
     if (count > 0) {
       pending -= count;

@@ -87,6 +87,11 @@ class RequestSet {
                      const Finished& finished = nullptr);
 
  private:
+  // Every rank this set's requests are for (kEveryone: every other rank).
+  std::vector<int> Peers(const WaitScope& scope) const;
+  // The error of a wait whose MPI_Testsome failed with `code`: a peer known
+  // to have died (asked of MPI), named, or else MPI's error.
+  ffi::Error FailedWait(const WaitScope& scope, const std::string& what, int code);
   using Clock = std::chrono::steady_clock;
   // The owners of the requests still pending, in words ("rank 1, the header
   // to rank 2").

@@ -32,6 +32,34 @@ std::shared_ptr<PeerWatch>& CurrentSlot() {
 
 }  // namespace
 
+bool IsProcessFailure(int code) {
+  int error_class = code;
+  if (MPI_Error_class(code, &error_class) != MPI_SUCCESS) return false;
+#if defined(MPI_ERR_PROC_FAILED)  // Open MPI 5 (mpi.h)
+  if (error_class == MPI_ERR_PROC_FAILED || error_class == MPI_ERR_PROC_FAILED_PENDING) return true;
+#elif defined(MPIX_ERR_PROC_FAILED)  // MPICH
+  if (error_class == MPIX_ERR_PROC_FAILED || error_class == MPIX_ERR_PROC_FAILED_PENDING) return true;
+#endif
+  return false;
+}
+
+void AcknowledgeFailures(MPI_Comm comm) {
+  // ULFM's extensions (Open MPI 5, MPICH), looked up at run time: the newer
+  // MPIX_Comm_ack_failed where MPI has it, else MPIX_Comm_failure_ack.
+  using AckFailed = int (*)(MPI_Comm, int, int*);
+  using FailureAck = int (*)(MPI_Comm);
+  static const auto ack_failed =
+      reinterpret_cast<AckFailed>(dlsym(RTLD_DEFAULT, "MPIX_Comm_ack_failed"));
+  static const auto failure_ack =
+      reinterpret_cast<FailureAck>(dlsym(RTLD_DEFAULT, "MPIX_Comm_failure_ack"));
+  int size = 0, acknowledged = 0;
+  if (ack_failed != nullptr && MPI_Comm_size(comm, &size) == MPI_SUCCESS) {
+    ack_failed(comm, size, &acknowledged);
+  } else if (failure_ack != nullptr) {
+    failure_ack(comm);
+  }
+}
+
 std::shared_ptr<PeerWatch> PeerWatch::Current() {
   std::lock_guard<std::mutex> lock(CurrentMutex());
   return CurrentSlot();
@@ -117,8 +145,15 @@ ffi::Error PeerWatch::PollLocked() {
   while (!stopped_ && receive_ != MPI_REQUEST_NULL) {
     int arrived = 0;
     MPI_Status status;
-    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Test(&receive_, &arrived, &status),
-                               "peer watch: MPI_Test of a goodbye");
+    if (int code = MPI_Test(&receive_, &arrived, &status); code != MPI_SUCCESS) {
+      if (!IsProcessFailure(code)) return CheckMpi(code, "peer watch: MPI_Test of a goodbye");
+      // ULFM: a rank that could have sent to this any-source receive died.
+      // Acknowledged, the receive goes on waiting for the living.
+      AcknowledgeFailures(comm_);
+      AskMpiLocked("its process died (MPI said so: MPI_ERR_PROC_FAILED, MPIX_Comm_get_failed)");
+      if (receive_ == MPI_REQUEST_NULL) JAXFOG_RETURN_IF_ERROR(Post());
+      break;
+    }
     if (!arrived) break;
     const int from = status.MPI_SOURCE;
     if (inbox_.magic == kGoodbyeMagic && inbox_.generation == generation_ && from >= 0 &&
@@ -165,17 +200,27 @@ void PeerWatch::CheckLauncherNotice() {
   const auto now = std::chrono::steady_clock::now();
   if (now < next_ask_) return;
   next_ask_ = now + std::chrono::milliseconds(50);
+  if (AskMpiLocked("its process died (the launcher said so: MPIX_Comm_get_failed)")) {
+    notices_seen_ = notices;
+  }
+}
+
+void PeerWatch::LearnFailures() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stopped_) return;
+  AskMpiLocked("its process died (MPI said so: MPI_ERR_PROC_FAILED, MPIX_Comm_get_failed)");
+}
+
+bool PeerWatch::AskMpiLocked(const char* why) {
   // An MPICH extension (also in Open MPI 5's ULFM), looked up at run time.
   using GetFailed = int (*)(MPI_Comm, MPI_Group*);
   static const auto get_failed =
       reinterpret_cast<GetFailed>(dlsym(RTLD_DEFAULT, "MPIX_Comm_get_failed"));
-  if (get_failed == nullptr) {
-    notices_seen_ = notices;
-    return;
-  }
+  if (get_failed == nullptr) return true;  // nothing to learn from this MPI
   MPI_Group failed = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
   int count = 0;
-  if (get_failed(comm_, &failed) != MPI_SUCCESS || failed == MPI_GROUP_NULL) return;
+  bool asked = false;
+  if (get_failed(comm_, &failed) != MPI_SUCCESS || failed == MPI_GROUP_NULL) return false;
   if (MPI_Group_size(failed, &count) == MPI_SUCCESS && count > 0 &&
       MPI_Comm_group(comm_, &world) == MPI_SUCCESS) {
     std::vector<int> ranks(static_cast<size_t>(count)), world_ranks(ranks.size());
@@ -184,14 +229,15 @@ void PeerWatch::CheckLauncherNotice() {
         MPI_SUCCESS) {
       for (int r : world_ranks) {
         if (r >= 0 && r != rank_ && static_cast<size_t>(r) < failed_.size() && !failed_[r]) {
-          failed_[r] = "its process died (the launcher said so: MPIX_Comm_get_failed)";
+          failed_[r] = why;
         }
       }
-      notices_seen_ = notices;
+      asked = true;
     }
   }
   if (world != MPI_GROUP_NULL) MPI_Group_free(&world);
   if (failed != MPI_GROUP_NULL && failed != MPI_GROUP_EMPTY) MPI_Group_free(&failed);
+  return asked;
 }
 
 ffi::Error PeerWatch::SayGoodbye(Reason reason) {
@@ -251,8 +297,20 @@ ffi::Error PeerWatch::Stop() {
   if (receive_ == MPI_REQUEST_NULL) return ffi::Error::Success();
   // A cancelled receive completes at once (or has just matched a goodbye).
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Cancel(&receive_), "peer watch: MPI_Cancel");
-  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Wait(&receive_, MPI_STATUS_IGNORE), "peer watch: MPI_Wait");
-  return ffi::Error::Success();
+  int code = MPI_Wait(&receive_, MPI_STATUS_IGNORE);
+  if (code != MPI_SUCCESS && IsProcessFailure(code) && receive_ != MPI_REQUEST_NULL) {
+    // ULFM: a rank that could have sent to it died; once that is
+    // acknowledged, the cancelled receive completes.
+    AcknowledgeFailures(comm_);
+    code = MPI_Wait(&receive_, MPI_STATUS_IGNORE);
+    if (code != MPI_SUCCESS && receive_ != MPI_REQUEST_NULL) {
+      // Open MPI 5.0.11 still says MPI_ERR_PROC_FAILED_PENDING: released,
+      // the cancelled receive is dropped (nothing writes to it any more).
+      MPI_Request_free(&receive_);
+      code = MPI_SUCCESS;
+    }
+  }
+  return CheckMpi(code, "peer watch: MPI_Wait");
 }
 
 namespace {

@@ -15,6 +15,10 @@
 // the launcher reported dead. Hydra tells the surviving processes that one
 // died with SIGUSR1 (with -disable-auto-cleanup); the watch catches it (a
 // process would die of it) and asks MPI which (MPIX_Comm_get_failed).
+// Open MPI's ULFM (mpiexec --with-ft ulfm) instead fails the calls that
+// involve a dead rank with MPI_ERR_PROC_FAILED (the goodbye receive, from any
+// source, with MPI_ERR_PROC_FAILED_PENDING, which the watch acknowledges so
+// that it goes on); a wait that fails so asks MPI which ranks died.
 #ifndef JAXFOG_FFI_PEER_WATCH_H_
 #define JAXFOG_FFI_PEER_WATCH_H_
 
@@ -110,6 +114,10 @@ class PeerWatch {
   // Asks MPI which processes died, if the launcher said one did since the
   // last time. Thread-safe; cheap when nothing was said.
   void CheckLauncherNotice();
+  // Asks MPI which processes died, now: after an MPI call failed (Open MPI's
+  // ULFM, mpiexec --with-ft ulfm, reports a dead peer as MPI_ERR_PROC_FAILED
+  // and sends no SIGUSR1). Thread-safe.
+  void LearnFailures();
 
   // Sends this rank's goodbye to every rank not known to have left. Once
   // every op of this rank has finished; best effort (a peer that left
@@ -139,6 +147,9 @@ class PeerWatch {
   PeerWatch(MPI_Comm comm, int rank, int size, uint64_t generation, double warn_after_seconds);
   // Posts the receive for the next goodbye (mutex_ held).
   ffi::Error Post();
+  // Marks the ranks MPIX_Comm_get_failed names as failed, saying `why`;
+  // false if MPI could not say (mutex_ held).
+  bool AskMpiLocked(const char* why);
   ffi::Error PollLocked();
 
   const MPI_Comm comm_;
@@ -162,6 +173,13 @@ class PeerWatch {
 // through the launcher, which a host cut off never joins), so the exit is
 // bounded (jaxfog_bound_exit).
 void NoteCommFailure();
+
+// Whether MPI error `code` says a process failed (ULFM's MPI_ERR_PROC_FAILED,
+// MPI_ERR_PROC_FAILED_PENDING; MPIX_ in MPICH).
+bool IsProcessFailure(int code);
+// Acknowledges the failures MPI reported on `comm` (MPIX_Comm_failure_ack,
+// where MPI has it), so that receives from any source go on.
+void AcknowledgeFailures(MPI_Comm comm);
 bool CommFailed();
 
 // Installs (once per process) the SIGUSR1 handler that counts the launcher's
