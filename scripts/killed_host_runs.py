@@ -32,10 +32,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "tests"))
-import netns_cluster  # noqa: E402
-from jaxfog.cli._launcher import find_mpiexec, mpi_flavour  # noqa: E402
-from jaxfog.testing import launch_environment, run_command  # noqa: E402
-from netns_rig import run_command_args  # noqa: E402
+import netns_cluster
+from jaxfog.cli._launcher import find_mpiexec, mpi_flavour
+from jaxfog.testing import launch_environment, run_command
+from netns_rig import run_command_args
 
 N = 4
 SCRIPT = REPO / "tests" / "cluster_fault_rank.py"
@@ -64,8 +64,8 @@ def one_run(d: Path, timeout: int, flavour: str, mpi_args, env_extra, killall: b
     done: dict = {}
     try:
         command = run_command_args(
-            cluster, N, ["sh", "-c", f"exec {sys.executable} {SCRIPT} {d} {1 << 18} "
-                                     f"> {d}/stdout.${rank_var} 2> {d}/stderr.${rank_var}"],
+            cluster, N, ["sh", "-c", (f"exec {sys.executable} {SCRIPT} {d} {1 << 18} "
+                                      f"> {d}/stdout.${rank_var} 2> {d}/stderr.${rank_var}")],
             mpi_args=[*extra, *mpi_args], hosts_option=flavour == "openmpi")
         env = cluster.environment(launch_environment(
             {"JAXFOG_TIMEOUT": str(timeout), "PYTHONFAULTHANDLER": "1",
