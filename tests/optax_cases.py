@@ -91,8 +91,9 @@ def logistic(n: int, ridge: float = 30.0) -> Problem:
 
 def train(optimizer, problem: Problem, n: int, steps: int, *, every_step: bool = False
           ) -> Callable:
-    """Per-agent training: ``fn(a, b) -> x after steps`` (with ``every_step``,
-    the iterate after each step, ``(steps, d)``), on any backend."""
+    """Per-agent training: ``fn(a, b) -> x after steps`` and the optimizer's
+    ``finish`` where it has one (with ``every_step``, the iterate after each
+    step, ``(steps, d)``), on any backend."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -108,8 +109,13 @@ def train(optimizer, problem: Problem, n: int, steps: int, *, every_step: bool =
             x = optax.apply_updates(x, updates)
             return (x, state), x if every_step else None
 
-        (x, _), path = jax.lax.scan(step, (x0, optimizer.init(x0)), None, length=steps)
-        return path if every_step else x
+        (x, state), path = jax.lax.scan(step, (x0, optimizer.init(x0)), None, length=steps)
+        if every_step:
+            return path
+        if hasattr(optimizer, "finish"):  # the exchanges still in flight, merged
+            updates, _ = optimizer.finish(state, x)
+            x = optax.apply_updates(x, updates)
+        return x
 
     return agent
 
