@@ -182,9 +182,11 @@ void PeerWatch::MarkFailed(int rank, const std::string& why) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (rank < 0 || rank == rank_ || static_cast<size_t>(rank) >= failed_.size()) return;
   if (!failed_[rank]) failed_[rank] = why;
+  any_failed_.store(true);
 }
 
 std::optional<std::string> PeerWatch::Failed(int rank) {
+  if (!any_failed_.load() && LauncherNotices() == 0) return std::nullopt;  // the usual case
   CheckLauncherNotice();
   std::lock_guard<std::mutex> lock(mutex_);
   if (rank < 0 || static_cast<size_t>(rank) >= failed_.size()) return std::nullopt;
@@ -230,6 +232,7 @@ bool PeerWatch::AskMpiLocked(const char* why) {
       for (int r : world_ranks) {
         if (r >= 0 && r != rank_ && static_cast<size_t>(r) < failed_.size() && !failed_[r]) {
           failed_[r] = why;
+          any_failed_.store(true);
         }
       }
       asked = true;

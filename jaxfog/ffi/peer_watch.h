@@ -162,6 +162,9 @@ class PeerWatch {
   bool stopped_ = false;
   std::vector<std::optional<Departure>> departed_;  // by world rank
   std::vector<std::optional<std::string>> failed_;  // by world rank (mutex_)
+  // Whether failed_ holds anyone: with it false and no launcher notice ever,
+  // Failed() (every op, every peer) answers without the mutex.
+  std::atomic<bool> any_failed_{false};
   uint64_t notices_seen_ = 0;  // launcher notices (SIGUSR1) already asked about (mutex_)
   std::chrono::steady_clock::time_point next_ask_{};  // (mutex_)
   std::mutex progress_mutex_;
