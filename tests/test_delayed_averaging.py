@@ -390,3 +390,37 @@ def test_a_trainer_of_a_delayed_method_finishes_what_is_in_flight():
     got = jax.jit(jf.simulate(agent, topology))(problem.A, problem.B)
     want = _reference_with_finish(problem, topology, lr, 2, False, (5,))[:, -1]
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("method", ["atc", "awc"])
+def test_finish_in_float32_as_a_user_writes_it(method):
+    """JAX's default dtype, a params dict, optax.adam inside: the float32 run
+    (updates and finish) follows the same program in float64, keeps float32,
+    and the finish moves the parameters."""
+    topology = T.ring(N)
+    targets = np.arange(N * 3.0).reshape(N, 3)
+
+    def run(dtype):
+        optimizer = getattr(jfo, method)(optax.adam(0.05), topology=topology, delay=1)
+
+        def agent(target):
+            params = {"w": jnp.zeros(2, dtype), "b": jnp.zeros((), dtype)}
+            loss = lambda p: jnp.sum((p["w"] - target[:2]) ** 2) + (p["b"] - target[2]) ** 2
+            state = optimizer.init(params)
+            for _ in range(5):
+                updates, state = optimizer.update(jax.grad(loss)(params), state, params)
+                params = optax.apply_updates(params, updates)
+            updates, state = optimizer.finish(state, params)
+            return params, optax.apply_updates(params, updates)
+
+        return jax.jit(jf.simulate(agent, topology))(targets.astype(dtype))
+
+    with jax.enable_x64(False):
+        before32, after32 = run(jnp.float32)
+    before64, after64 = run(jnp.float64)
+    for leaf in jax.tree.leaves((before32, after32)):
+        assert leaf.dtype == jnp.float32
+    for k in ("w", "b"):
+        np.testing.assert_allclose(np.asarray(after32[k]), np.asarray(after64[k]),
+                                   rtol=1e-5, atol=1e-6)
+        assert np.abs(np.asarray(after64[k]) - np.asarray(before64[k])).max() > 1e-3
