@@ -184,3 +184,88 @@ def test_warn_after_is_a_number_of_seconds(monkeypatch):
         monkeypatch.setenv(runtime.WARN_AFTER_ENV, text)
         with pytest.raises(ValueError, match="JAXFOG_WARN_AFTER"):
             read()
+
+
+SIGTERM_RANK = """
+import os, signal, sys, time
+
+import jax.numpy as jnp
+import numpy as np
+import jaxfog as jf
+
+directory, case = sys.argv[1], sys.argv[2]
+if case == "own handler":
+    signal.signal(signal.SIGTERM, lambda *_: print("rank 0: own handler ran", flush=True))
+jf.init()
+r = jf.rank()
+ring = dict(self_weight=0.5, src_weights={1 - r: 0.5}, dst_weights=[1 - r])
+y = jf.neighbor_allreduce(jnp.ones(3), **ring)  # op #1: both joined
+if r == 1:  # rank 0's op #2 waits for this one's
+    if case == "own handler":
+        time.sleep(4)
+        jf.neighbor_allreduce(jnp.full(3, 2.0), **ring)
+    else:  # until rank 0 has ended (a launcher may leave this one running)
+        start = time.monotonic()
+        while not os.path.exists(os.path.join(directory, "status.0")):
+            assert time.monotonic() - start < 200
+            time.sleep(0.1)
+        os._exit(0)  # MPI_Finalize would wait for rank 0, gone without a word
+    sys.exit(0)
+with open(os.path.join(directory, "pid"), "w") as f:
+    f.write(str(os.getpid()))
+if case == "between ops":
+    time.sleep(120)
+y = jf.neighbor_allreduce(jnp.full(3, 4.0), **ring)
+np.testing.assert_allclose(y, 3.0)
+print("rank 0: op #2 done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["in a wait", "between ops", "own handler"])
+def test_sigterm_during_a_wait_says_what_it_waited_for_then_ends(tmp_path, case):
+    """A launcher ending the job (prterun losing a host, Slurm's scancel) sends
+    SIGTERM, then SIGKILL: the rank waiting for a peer says which op waits for
+    what before it ends by SIGTERM. Without a wait in flight it ends at once,
+    as before, and a program's own SIGTERM handler is left to run."""
+    import signal
+
+    script = tmp_path / "rank.py"
+    script.write_text(SIGTERM_RANK)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAXFOG_TIMEOUT": "600",
+           "PYTHONUNBUFFERED": "1"}
+    # The shell keeps each rank's exit status (the launcher's words vary),
+    # then ends as the rank did, so that the launcher ends the job.
+    keep_status = (f'{sys.executable} "$@"; s=$?; '
+                   f'echo $s > {tmp_path}/status.${{PMI_RANK:-$OMPI_COMM_WORLD_RANK}}; '
+                   'if [ $s -gt 128 ]; then kill -$((s - 128)) $$; fi; exit $s')
+    command = launcher.build_command(
+        ["sh", "-c", keep_status, "sh", str(script), str(tmp_path), case], 2, env=env)
+    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    try:
+        pid_file = tmp_path / "pid"
+        deadline = time.monotonic() + 200
+        while not pid_file.exists() or not pid_file.read_text():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
+            time.sleep(0.1)
+        time.sleep(1.5)  # inside op #2's wait (or the sleep between ops)
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        sent = time.monotonic()
+        output = job.communicate(timeout=120)[0]
+        ended = time.monotonic() - sent
+    finally:
+        if job.poll() is None:
+            job.kill()
+    report = ("jaxfog neighbor_allreduce (op #2 on rank 0): this process got SIGTERM (a "
+              "launcher ending the job sends it) while waiting for the header from rank 1; "
+              "it ends now")
+    if case == "own handler":
+        assert job.returncode == 0, output
+        assert "rank 0: own handler ran" in output and "rank 0: op #2 done" in output, output
+        assert "SIGTERM" not in output, output
+        return
+    assert job.returncode != 0, output
+    assert "op #2 done" not in output, output
+    assert (report in output) == (case == "in a wait"), output
+    assert (tmp_path / "status.0").read_text().strip() == str(128 + signal.SIGTERM), output
+    assert ended < SOON, output

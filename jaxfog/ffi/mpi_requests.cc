@@ -237,6 +237,7 @@ ffi::Error RequestSet::WaitAll(const WaitScope& scope, const std::string& what,
   std::vector<int> many(requests_.size() > 8 ? requests_.size() : 0);
   int* finished = many.empty() ? few : many.data();
   if (done_at != nullptr) done_at->assign(requests_.size(), timeline::Now());
+  const EndableWait endable;
   for (int polls = 0;; ++polls) {
     if (pending == 0) return ffi::Error::Success();
     int count = 0;
@@ -255,6 +256,10 @@ ffi::Error RequestSet::WaitAll(const WaitScope& scope, const std::string& what,
       continue;  // poll again at once: more may have finished
     }
     if ((polls & 63) != 63) continue;  // the clock and the rest, now and then
+    if (EndRequested()) {
+      EndNow(what + ": this process got SIGTERM (a launcher ending the job sends it) "
+             "while waiting for " + Waiting() + "; it ends now");
+    }
     const Clock::time_point now = Clock::now();
     const double waited = std::chrono::duration<double>(now - start).count();
     if (timeout_seconds > 0 && waited > timeout_seconds) {

@@ -1,10 +1,13 @@
 #include "peer_watch.h"
 
 #include <dlfcn.h>
+#include <semaphore.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <tuple>
@@ -88,6 +91,7 @@ ffi::ErrorOr<std::shared_ptr<PeerWatch>> PeerWatch::Create(MPI_Comm comm,
   JAXFOG_RETURN_IF_ERROR_OR(CheckMpi(MPI_Comm_rank(comm, &rank), "peer watch: MPI_Comm_rank"));
   JAXFOG_RETURN_IF_ERROR_OR(CheckMpi(MPI_Comm_size(comm, &size), "peer watch: MPI_Comm_size"));
   CatchLauncherNotices();
+  CatchEndSignal();
   static std::atomic<uint64_t> watches{0};  // this process's inits so far
   std::shared_ptr<PeerWatch> watch(
       new PeerWatch(comm, rank, size, ++watches, warn_after_seconds));
@@ -350,5 +354,75 @@ void CatchLauncherNotices() {
 }
 
 uint64_t LauncherNotices() { return launcher_notices.load(std::memory_order_relaxed); }
+
+namespace {
+std::atomic<bool> end_requested{false};
+std::atomic<int> waits_in_flight{0};
+sem_t end_signalled;  // posted by the handler (sem_post is signal-safe)
+
+// Signal-safe: restores SIGTERM's default action and sends it again; if this
+// thread blocks it (inside the handler), another thread, or this one once
+// the handler returns, takes it.
+void EndBySigterm() {
+  struct sigaction action;
+  std::memset(&action, 0, sizeof(action));
+  action.sa_handler = SIG_DFL;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  kill(getpid(), SIGTERM);
+}
+
+void OnEndSignal(int) {
+  // The flag before the count, as EndableWait's destructor does the
+  // reverse: one of the two sees the other's write, so one of them ends it.
+  end_requested.store(true);
+  if (waits_in_flight.load() == 0) EndBySigterm();
+  sem_post(&end_signalled);
+}
+}  // namespace
+
+void CatchEndSignal() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current;
+    if (sigaction(SIGTERM, nullptr, &current) != 0 || (current.sa_flags & SA_SIGINFO) ||
+        current.sa_handler != SIG_DFL || sem_init(&end_signalled, 0, 0) != 0) {
+      return;
+    }
+    // The bound: a wait in flight has a second to report before the
+    // process ends anyway.
+    std::thread([] {
+      while (sem_wait(&end_signalled) != 0) {
+      }
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      while (waits_in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      EndBySigterm();
+    }).detach();
+    struct sigaction action;
+    std::memset(&action, 0, sizeof(action));
+    action.sa_handler = &OnEndSignal;
+    action.sa_flags = SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGTERM, &action, nullptr);
+  });
+}
+
+bool EndRequested() { return end_requested.load(std::memory_order_relaxed); }
+
+void EndNow(const std::string& report) {
+  std::fputs((report + "\n").c_str(), stderr);  // one write: ranks' lines stay whole
+  std::fflush(stderr);
+  EndBySigterm();
+  for (;;) pause();  // SIGTERM's default action ends the process
+}
+
+EndableWait::EndableWait() { waits_in_flight.fetch_add(1); }
+
+EndableWait::~EndableWait() {
+  waits_in_flight.fetch_sub(1);
+  if (end_requested.load()) EndBySigterm();
+}
 
 }  // namespace jaxfog

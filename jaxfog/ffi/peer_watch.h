@@ -191,6 +191,30 @@ bool CommFailed();
 void CatchLauncherNotices();
 uint64_t LauncherNotices();
 
+// A launcher ending a job (Open MPI's prterun when a host is lost, Slurm's
+// scancel or time limit) sends SIGTERM, then SIGKILL a moment later. By
+// SIGTERM's default action a rank waiting for a peer would end without a
+// word; with this handler (installed once, only where SIGTERM still has its
+// default action: a program's own handler is left alone) the waiting op first
+// says on stderr what it waited for, then the process ends by SIGTERM as
+// before: at once when no wait is in flight, within a second at most when one
+// is (a wait that does not come round to it is not waited for).
+void CatchEndSignal();
+// Whether a SIGTERM came while a wait was in flight: the wait then reports
+// and calls EndNow.
+bool EndRequested();
+// Writes `report` (one line) to stderr and ends the process by SIGTERM.
+[[noreturn]] void EndNow(const std::string& report);
+// Held by a wait while it runs, so that a SIGTERM lets it report first; on
+// leaving, it ends the process if one came meanwhile.
+class EndableWait {
+ public:
+  EndableWait();
+  ~EndableWait();
+  EndableWait(const EndableWait&) = delete;
+  EndableWait& operator=(const EndableWait&) = delete;
+};
+
 }  // namespace jaxfog
 
 #endif  // JAXFOG_FFI_PEER_WATCH_H_
