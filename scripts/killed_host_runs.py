@@ -12,7 +12,8 @@ starts tests/cluster_fault_rank.py on 4 hosts x 1 rank (a ring exchanging
 (``--killall``: every process of host 3, its launcher daemon too) once all
 ranks exchange, and waits for the survivors. A run is clean when every
 survivor reported a failed ``neighbor_allreduce`` naming a rank within
-JAXFOG_TIMEOUT + 2 s, none crashed (segfault, SIGUSR1), and no rank program
+JAXFOG_TIMEOUT + 2 s (or, ended by the launcher's SIGTERM, said on stderr
+which op waited for which rank), none crashed (segfault, SIGUSR1), and no rank program
 is left running. Under hydra (MPICH) the job gets ``-disable-auto-cleanup``;
 under Open MPI the hosts go in with ``--hosts``. Writes OUTDIR/<run>/ (each
 rank's report, stdout, stderr; mpiexec's output) and OUTDIR.json.
@@ -115,6 +116,11 @@ def one_run(d: Path, timeout: int, flavour: str, mpi_args, env_extra, killall: b
                           report)
         ok = "FAILED" in report and "neighbor_allreduce (op #" in report and named is not None
         waited = float(report.split(" after ")[1].split(" s")[0]) if "FAILED" in report else None
+        # A rank the launcher ended (SIGTERM) while it waited says so on stderr.
+        ended_by_launcher = re.search(r"jaxfog neighbor_allreduce \(op #\d+ on rank \d\): this "
+                                      r"process got SIGTERM .* waiting for [^\n]*rank \d", said)
+        if not ok and ended_by_launcher:
+            ok, waited, report = True, ended, ended_by_launcher.group(0)
         res[r] = {"ok": ok, "waited": waited, "crash": crash, "report": report[:400]}
     res["good"] = not res["lingering"] and all(
         res[r]["ok"] and res[r]["waited"] <= timeout + 2 and not res[r]["crash"]

@@ -11,6 +11,7 @@ be made (not root).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -120,16 +121,20 @@ def _start_fault_job(cluster, n: int, tmp_path, *, mpi_args=(),
                      hosts_option: bool = False) -> tuple:
     """Launches tests/cluster_fault_rank.py on ``n`` hosts in a thread and
     returns (the thread, a dict that gets the launch's "result") once every
-    rank has checkpointed and is exchanging."""
+    rank has checkpointed and is exchanging. Each rank's stderr goes to
+    DIRECTORY/stderr.<rank> (a launcher that ends the job may drop it)."""
+    import shlex
     import threading
 
     from jaxfog.testing import launch_environment, run_command
     from netns_rig import run_command_args
 
     script = os.path.join(os.path.dirname(__file__), "cluster_fault_rank.py")
-    command = run_command_args(cluster, n, [sys.executable, script, str(tmp_path),
-                                            str(FAULT_ELEMENTS)], mpi_args=mpi_args,
-                               hosts_option=hosts_option)
+    rank = shlex.join([sys.executable, script, str(tmp_path), str(FAULT_ELEMENTS)])
+    command = run_command_args(
+        cluster, n, ["sh", "-c", f"exec {rank} 2> {tmp_path}/stderr."
+                     "${PMI_RANK:-$OMPI_COMM_WORLD_RANK}"],
+        mpi_args=mpi_args, hosts_option=hosts_option)
     env = cluster.environment(launch_environment({"JAXFOG_TIMEOUT": str(FAULT_TIMEOUT)}))
     done: dict = {}
     launch_thread = threading.Thread(
@@ -237,14 +242,20 @@ def _openmpi_with_ulfm() -> str | None:
     return None
 
 
+@pytest.mark.parametrize("whole_host", [False, True], ids=["its rank", "every process"])
 def test_a_host_whose_rank_is_killed_fails_the_survivors_under_openmpi_ulfm(
-        netns_cluster_factory, tmp_path):
+        netns_cluster_factory, tmp_path, whole_host):
     """Host 3's rank SIGKILLed mid-exchange (as by the OOM killer) under Open
     MPI 5 with ULFM (``jaxfog run ... --with-ft ulfm``): MPI fails the
     survivors' requests to it (MPI_ERR_PROC_FAILED) instead of ending the job
     or crashing, and each survivor reports the op and the peer within
     seconds: ranks 0 and 2 that rank 3 died, rank 1 that 0 or 2 left. No
-    survivor crashes, none outlives the bound, and the checkpoints load."""
+    survivor crashes, none outlives the bound, and the checkpoints load.
+
+    With every process of host 3 killed (its Open MPI daemon too, as when the
+    machine dies), prterun ends the job within a second: ranks 0 and 2 have
+    reported by then, and rank 1, ended by SIGTERM while it waits, says on
+    stderr which op waited for which ranks."""
     why_not = _openmpi_with_ulfm()
     if why_not:
         pytest.skip(why_not)
@@ -255,15 +266,23 @@ def test_a_host_whose_rank_is_killed_fails_the_survivors_under_openmpi_ulfm(
     # Open MPI reads no hydra hostfile (node0:1): the hosts go in with --hosts.
     launch_thread, done = _start_fault_job(cluster, n, tmp_path,
                                            mpi_args=["--with-ft", "ulfm"], hosts_option=True)
-    for pid in _rank_processes(cluster, 3):
+    for pid in cluster.pids(3) if whole_host else _rank_processes(cluster, 3):
         os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
+    reporting = range(0, n - 1, 2) if whole_host else range(n - 1)  # rank 1: below
     while time.monotonic() - killed < 2 * FAULT_TIMEOUT + FAULT_SLACK and (
-            len(_reports(tmp_path, range(n - 1))) < n - 1 or any(
+            len(_reports(tmp_path, reporting)) < len(reporting) or any(
                 _rank_processes(cluster, i) for i in range(n - 1))):
         time.sleep(0.2)
+    ended = time.monotonic() - killed
     lingering = {i: _rank_processes(cluster, i) for i in range(n - 1)}
     reports = _reports(tmp_path, range(n - 1))
+    if whole_host:  # rank 1 ended with the job, saying so on stderr
+        said = (tmp_path / "stderr.1").read_text()
+        assert re.search(r"jaxfog neighbor_allreduce \(op #\d+ on rank 1\): this process got "
+                         r"SIGTERM \(a launcher ending the job sends it\) while waiting for the "
+                         r"header from rank 0, the header from rank 2", said), said
+        assert ended < FAULT_TIMEOUT + FAULT_SLACK, ended
     launch_thread.join(timeout=10)  # prterun ends once its ranks have
     cluster.close()
     launch_thread.join()
@@ -272,7 +291,7 @@ def test_a_host_whose_rank_is_killed_fails_the_survivors_under_openmpi_ulfm(
     assert not any(sign in output for sign in ("Segmentation fault", "signal 11", "SIGSEGV",
                                                "Fatal Python error")), output
     peers = {0: ["rank 3 has failed"], 1: ["rank 0", "rank 2"], 2: ["rank 3 has failed"]}
-    for r in range(n - 1):
+    for r in reporting:
         line = reports.get(r, "")
         assert "FAILED" in line and "jaxfog neighbor_allreduce (op #" in line and any(
             p in line for p in peers[r]), (r, reports, output)

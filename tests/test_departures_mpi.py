@@ -225,8 +225,8 @@ print("rank 0: op #2 done", flush=True)
 def test_sigterm_during_a_wait_says_what_it_waited_for_then_ends(tmp_path, case):
     """A launcher ending the job (prterun losing a host, Slurm's scancel) sends
     SIGTERM, then SIGKILL: the rank waiting for a peer says which op waits for
-    what before it ends by SIGTERM. Without a wait in flight it ends at once,
-    as before, and a program's own SIGTERM handler is left to run."""
+    what before it ends by SIGTERM; between ops, which op it ran last. A
+    program's own SIGTERM handler is left to run."""
     import signal
 
     script = tmp_path / "rank.py"
@@ -264,8 +264,40 @@ def test_sigterm_during_a_wait_says_what_it_waited_for_then_ends(tmp_path, case)
         assert "rank 0: own handler ran" in output and "rank 0: op #2 done" in output, output
         assert "SIGTERM" not in output, output
         return
+    between = ("jaxfog (rank 0): this process got SIGTERM (a launcher ending the job sends "
+               "it) between ops, none waiting; its last: op #1 (neighbor_allreduce); it ends now")
     assert job.returncode != 0, output
     assert "op #2 done" not in output, output
     assert (report in output) == (case == "in a wait"), output
+    assert (between in output) == (case == "between ops"), output
     assert (tmp_path / "status.0").read_text().strip() == str(128 + signal.SIGTERM), output
     assert ended < SOON, output
+
+
+@mpi_test(nprocs=(3,), env={"JAXFOG_TIMEOUT": "300"}, timeout=240)
+def test_a_rank_that_left_after_a_failed_op_is_named_so():
+    """Rank 2 ends; rank 1's op #2, which waits for it, fails; rank 1 ends too.
+    Rank 0's op #3 waits for rank 1: its error says rank 1 had failed, not
+    that the program called the op on some ranks only."""
+    import jax.numpy as jnp
+    import pytest
+
+    import jaxfog as jf
+
+    jf.init()
+    r = jf.rank()
+    chain = {0: dict(src_weights={1: 0.5}, dst_weights=[]),  # 2 -> 1 -> 0
+             1: dict(src_weights={2: 0.5}, dst_weights=[0]),
+             2: dict(src_weights={}, dst_weights=[1])}[r]
+    jf.neighbor_allreduce(jnp.ones(3), self_weight=0.5, **chain)  # op #1 everywhere
+    if r == 1:
+        with pytest.raises(Exception, match="op #2 on rank 1.*rank 2 has left"):
+            jf.neighbor_allreduce(jnp.ones(3), self_weight=0.5, **chain).block_until_ready()
+    elif r == 0:
+        jf.neighbor_allreduce(jnp.ones(3), self_weight=0.5, **chain)  # rank 1 sent it
+        with pytest.raises(Exception) as failure:
+            jf.neighbor_allreduce(jnp.ones(3), self_weight=0.5, **chain).block_until_ready()
+        assert ("(op #3 on rank 0): rank 1 has left: it called jaxfog.shutdown() after its "
+                "op #2 (neighbor_allreduce) on this communicator, and this op waits for it. "
+                "It never called this op: an op of its had failed") in str(failure.value)
+    jf.shutdown()

@@ -36,15 +36,20 @@ std::string Departed(const WaitScope& scope, int comm_rank, int world_rank,
   for (const PeerWatch::LastOp& op : departure.last) {
     if (op.comm_id == scope.comm_id) last = &op;
   }
-  if (last == nullptr) return text + ", and this op waits for it";
+  const char* failed = departure.after_failure ? ". An op of its had failed" : "";
+  if (last == nullptr) return text + ", and this op waits for it" + failed;
   text += last->sequence == 0
               ? " before any op on this communicator"
               : " after its op #" + std::to_string(last->sequence) + " (" + OpName(last->op) +
                     ") on this communicator";
   text += ", and this op waits for it";
   if (last->sequence < sequence) {
-    text += ". It never called this op: an op called on some ranks only (under `if rank "
-            "== ...`?), or an error on that rank before it";
+    text += departure.after_failure
+                ? ". It never called this op: an op of its had failed"
+                : ". It never called this op: an op called on some ranks only (under `if rank "
+                  "== ...`?), or an error on that rank before it";
+  } else {
+    text += failed;
   }
   return text;
 }

@@ -115,6 +115,19 @@ PeerWatch::Progress* PeerWatch::Track(int64_t comm_id) {
                                  std::forward_as_tuple()).second;
 }
 
+std::string PeerWatch::LastOps() {
+  std::lock_guard<std::mutex> lock(progress_mutex_);
+  std::string text;
+  for (const auto& [id, progress] : progress_) {
+    const LastOp last = progress.Load(id);
+    if (last.sequence == 0) continue;
+    if (!text.empty()) text += ", ";
+    text += "op #" + std::to_string(last.sequence) + " (" + OpName(last.op) + ")";
+    if (id != 0) text += " on communicator " + std::to_string(id);
+  }
+  return text.empty() ? "no op yet" : text;
+}
+
 ffi::ErrorOr<std::vector<int>> PeerWatch::WorldRanks(MPI_Comm comm) const {
   MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
   JAXFOG_RETURN_IF_ERROR_OR(CheckMpi(MPI_Comm_group(comm, &group), "MPI_Comm_group"));
@@ -162,7 +175,7 @@ ffi::Error PeerWatch::PollLocked() {
     const int from = status.MPI_SOURCE;
     if (inbox_.magic == kGoodbyeMagic && inbox_.generation == generation_ && from >= 0 &&
         static_cast<size_t>(from) < departed_.size() && !departed_[from]) {
-      Departure departure{static_cast<Reason>(inbox_.reason), {},
+      Departure departure{static_cast<Reason>(inbox_.reason), inbox_.after_failure != 0, {},
                           std::chrono::steady_clock::now()};
       for (uint32_t i = 0; i < std::min<uint32_t>(inbox_.count, kMaxComms); ++i) {
         departure.last.push_back({inbox_.last[i].comm_id,
@@ -259,6 +272,7 @@ ffi::Error PeerWatch::SayGoodbye(Reason reason) {
   out.magic = kGoodbyeMagic;
   out.generation = generation_;
   out.reason = static_cast<uint32_t>(reason);
+  out.after_failure = CommFailed() ? 1 : 0;
   {
     std::lock_guard<std::mutex> progress_lock(progress_mutex_);
     for (const auto& [id, progress] : progress_) {
@@ -372,12 +386,33 @@ void EndBySigterm() {
   kill(getpid(), SIGTERM);
 }
 
+std::atomic<bool> end_reported{false};  // one report a process
+
 void OnEndSignal(int) {
-  // The flag before the count, as EndableWait's destructor does the
-  // reverse: one of the two sees the other's write, so one of them ends it.
   end_requested.store(true);
-  if (waits_in_flight.load() == 0) EndBySigterm();
   sem_post(&end_signalled);
+}
+
+// The handler's thread: gives a wait in flight the moment it needs to
+// report (EndNow), otherwise says which ops ran last, and ends the process.
+void AwaitEndSignal() {
+  while (sem_wait(&end_signalled) != 0) {
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  // The first look after a short pause: a wait may be just starting.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  while (waits_in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (waits_in_flight.load() == 0) {
+    const std::shared_ptr<PeerWatch> watch = PeerWatch::Current();
+    if (watch != nullptr) {
+      EndNow("jaxfog (rank " + std::to_string(watch->rank()) +
+             "): this process got SIGTERM (a launcher ending the job sends it) between "
+             "ops, none waiting; its last: " + watch->LastOps() + "; it ends now");
+    }
+  }
+  EndBySigterm();
 }
 }  // namespace
 
@@ -389,17 +424,7 @@ void CatchEndSignal() {
         current.sa_handler != SIG_DFL || sem_init(&end_signalled, 0, 0) != 0) {
       return;
     }
-    // The bound: a wait in flight has a second to report before the
-    // process ends anyway.
-    std::thread([] {
-      while (sem_wait(&end_signalled) != 0) {
-      }
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      while (waits_in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-      EndBySigterm();
-    }).detach();
+    std::thread(AwaitEndSignal).detach();
     struct sigaction action;
     std::memset(&action, 0, sizeof(action));
     action.sa_handler = &OnEndSignal;
@@ -412,17 +437,16 @@ void CatchEndSignal() {
 bool EndRequested() { return end_requested.load(std::memory_order_relaxed); }
 
 void EndNow(const std::string& report) {
-  std::fputs((report + "\n").c_str(), stderr);  // one write: ranks' lines stay whole
-  std::fflush(stderr);
+  if (!end_reported.exchange(true)) {
+    std::fputs((report + "\n").c_str(), stderr);  // one write: ranks' lines stay whole
+    std::fflush(stderr);
+  }
   EndBySigterm();
   for (;;) pause();  // SIGTERM's default action ends the process
 }
 
 EndableWait::EndableWait() { waits_in_flight.fetch_add(1); }
 
-EndableWait::~EndableWait() {
-  waits_in_flight.fetch_sub(1);
-  if (end_requested.load()) EndBySigterm();
-}
+EndableWait::~EndableWait() { waits_in_flight.fetch_sub(1); }
 
 }  // namespace jaxfog

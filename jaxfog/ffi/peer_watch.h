@@ -55,6 +55,7 @@ class PeerWatch {
 
   struct Departure {
     Reason reason;
+    bool after_failure;  // an op of that rank had failed (CommFailed) before it left
     std::vector<LastOp> last;
     std::chrono::steady_clock::time_point seen;  // when this rank received it
   };
@@ -119,6 +120,10 @@ class PeerWatch {
   // and sends no SIGUSR1). Thread-safe.
   void LearnFailures();
 
+  // The last op of each communicator this rank ran ops on, in words
+  // ("op #5 (neighbor_allreduce)"); "no op yet" if none.
+  std::string LastOps();
+
   // Sends this rank's goodbye to every rank not known to have left. Once
   // every op of this rank has finished; best effort (a peer that left
   // meanwhile gets an eager message it never reads).
@@ -137,6 +142,7 @@ class PeerWatch {
     uint64_t generation;
     uint32_t reason;
     uint32_t count;
+    uint32_t after_failure;
     struct {
       int64_t comm_id;
       uint64_t op;
@@ -195,10 +201,11 @@ uint64_t LauncherNotices();
 // scancel or time limit) sends SIGTERM, then SIGKILL a moment later. By
 // SIGTERM's default action a rank waiting for a peer would end without a
 // word; with this handler (installed once, only where SIGTERM still has its
-// default action: a program's own handler is left alone) the waiting op first
-// says on stderr what it waited for, then the process ends by SIGTERM as
-// before: at once when no wait is in flight, within a second at most when one
-// is (a wait that does not come round to it is not waited for).
+// default action: a program's own handler is left alone) the process first
+// says on stderr what it was doing, then ends by SIGTERM as before: the op
+// waiting says what it waited for; with no op waiting, a thread of the
+// handler's says which ops ran last. Within a second at most (a wait that
+// does not come round to it is not waited for).
 void CatchEndSignal();
 // Whether a SIGTERM came while a wait was in flight: the wait then reports
 // and calls EndNow.
