@@ -279,9 +279,10 @@ def test_a_host_whose_rank_is_killed_fails_the_survivors_under_openmpi_ulfm(
     reports = _reports(tmp_path, range(n - 1))
     if whole_host:  # rank 1 ended with the job, saying so on stderr
         said = (tmp_path / "stderr.1").read_text()
+        # for both neighbours, or the one whose message had not come (4 of 20 runs)
         assert re.search(r"jaxfog neighbor_allreduce \(op #\d+ on rank 1\): this process got "
                          r"SIGTERM \(a launcher ending the job sends it\) while waiting for the "
-                         r"header from rank 0, the header from rank 2", said), said
+                         r"header from rank [02]", said), said
         assert ended < FAULT_TIMEOUT + FAULT_SLACK, ended
     launch_thread.join(timeout=10)  # prterun ends once its ranks have
     cluster.close()
