@@ -269,21 +269,13 @@ def test_a_host_whose_rank_is_killed_fails_the_survivors_under_openmpi_ulfm(
     for pid in cluster.pids(3) if whole_host else _rank_processes(cluster, 3):
         os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
-    reporting = range(0, n - 1, 2) if whole_host else range(n - 1)  # rank 1: below
     while time.monotonic() - killed < 2 * FAULT_TIMEOUT + FAULT_SLACK and (
-            len(_reports(tmp_path, reporting)) < len(reporting) or any(
+            (not whole_host and len(_reports(tmp_path, range(n - 1))) < n - 1) or any(
                 _rank_processes(cluster, i) for i in range(n - 1))):
         time.sleep(0.2)
     ended = time.monotonic() - killed
     lingering = {i: _rank_processes(cluster, i) for i in range(n - 1)}
     reports = _reports(tmp_path, range(n - 1))
-    if whole_host:  # rank 1 ended with the job, saying so on stderr
-        said = (tmp_path / "stderr.1").read_text()
-        # for both neighbours, or the one whose message had not come (4 of 20 runs)
-        assert re.search(r"jaxfog neighbor_allreduce \(op #\d+ on rank 1\): this process got "
-                         r"SIGTERM \(a launcher ending the job sends it\) while waiting for the "
-                         r"header from rank [02]", said), said
-        assert ended < FAULT_TIMEOUT + FAULT_SLACK, ended
     launch_thread.join(timeout=10)  # prterun ends once its ranks have
     cluster.close()
     launch_thread.join()
@@ -292,8 +284,20 @@ def test_a_host_whose_rank_is_killed_fails_the_survivors_under_openmpi_ulfm(
     assert not any(sign in output for sign in ("Segmentation fault", "signal 11", "SIGSEGV",
                                                "Fatal Python error")), output
     peers = {0: ["rank 3 has failed"], 1: ["rank 0", "rank 2"], 2: ["rank 3 has failed"]}
-    for r in reporting:
+    for r in range(n - 1):
         line = reports.get(r, "")
+        said = (tmp_path / f"stderr.{r}").read_text()
+        if whole_host and not line:
+            # prterun ended the job first (0.6 s after the kill): the rank, ended by
+            # its SIGTERM, said on stderr which op waited for what (rank 1: for both
+            # neighbours, or what was still to come from or go to one), or, between
+            # ops (reporting its error, say), which ops it ran last
+            assert re.search(r"jaxfog (neighbor_allreduce \(op #\d+ on rank \d\)|\(rank \d\))"
+                             r": this process got SIGTERM \(a launcher ending the job sends "
+                             r"it\) (while waiting for [^;]*rank \d|between ops[^;]*; its last: "
+                             r"op #\d+ \(neighbor_allreduce\)); it ends now", said), (r, said)
+            assert ended < FAULT_TIMEOUT + FAULT_SLACK, (ended, reports)
+            continue
         assert "FAILED" in line and "jaxfog neighbor_allreduce (op #" in line and any(
             p in line for p in peers[r]), (r, reports, output)
         waited = float(line.split(" after ")[1].split(" s")[0])
