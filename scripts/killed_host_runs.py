@@ -13,7 +13,8 @@ starts tests/cluster_fault_rank.py on 4 hosts x 1 rank (a ring exchanging
 ranks exchange, and waits for the survivors. A run is clean when every
 survivor reported a failed ``neighbor_allreduce`` naming a rank within
 JAXFOG_TIMEOUT + 2 s (or, ended by the launcher's SIGTERM, said on stderr
-which op waited for which rank), none crashed (segfault, SIGUSR1), and no rank program
+which op waited for which rank; or, stuck inside an MPI call, said which
+call to which rank), none crashed (segfault, SIGUSR1), and no rank program
 is left running. Under hydra (MPICH) the job gets ``-disable-auto-cleanup``;
 under Open MPI the hosts go in with ``--hosts``. Writes OUTDIR/<run>/ (each
 rank's report, stdout, stderr; mpiexec's output) and OUTDIR.json.
@@ -92,6 +93,10 @@ def one_run(d: Path, timeout: int, flavour: str, mpi_args, env_extra, killall: b
             time.sleep(0.2)
         ended = time.monotonic() - killed
         lingering = {i: rank_programs(cluster, i) for i in range(N - 1)}
+        for pid in (p for pids in lingering.values() for p in pids):  # where each hangs
+            stacks = run_command(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                                 timeout=60)
+            (d / f"stack.{pid}").write_text(stacks.output)
         thread.join(timeout=8)
         mpiexec_ended = None if thread.is_alive() else round(time.monotonic() - killed, 1)
     finally:
@@ -119,11 +124,17 @@ def one_run(d: Path, timeout: int, flavour: str, mpi_args, env_extra, killall: b
         # A rank the launcher ended (SIGTERM) while it waited says so on stderr.
         ended_by_launcher = re.search(r"jaxfog neighbor_allreduce \(op #\d+ on rank \d\): this "
                                       r"process got SIGTERM .* waiting for [^\n]*rank \d", said)
-        if not ok and ended_by_launcher:
-            ok, waited, report = True, ended, ended_by_launcher.group(0)
-        res[r] = {"ok": ok, "waited": waited, "crash": crash, "report": report[:400]}
+        # A rank stuck inside an MPI call says so on stderr, then ends (status 1).
+        stuck = re.search(r"jaxfog neighbor_allreduce \(op #\d+ on rank \d\): MPI_\w+ [^(]*"
+                          r"\(rank \d\) has not returned after \d+ s[^\n]*", said)
+        bound = timeout + 2
+        if not ok and (ended_by_launcher or stuck):
+            ok, waited, report = True, ended, (ended_by_launcher or stuck).group(0)
+            bound += 1 if stuck else 0  # the watchdog's JAXFOG_TIMEOUT + 2 s, checked 4 times a second
+        res[r] = {"ok": ok, "waited": waited, "bound": bound, "crash": crash,
+                  "report": report[:400]}
     res["good"] = not res["lingering"] and all(
-        res[r]["ok"] and res[r]["waited"] <= timeout + 2 and not res[r]["crash"]
+        res[r]["ok"] and res[r]["waited"] <= res[r]["bound"] and not res[r]["crash"]
         for r in range(N - 1))
     return res
 

@@ -479,3 +479,64 @@ def test_nccl_transport_checks_validates_and_watches(tmp_path):
     # Each rank prints "ok" (mpiexec may interleave the two lines' characters).
     assert done.stdout.count("ok") == 2, done.stdout + done.stderr
     assert "jaxfog watchdog: jaxfog neighbor_allreduce (NCCL" in done.stderr, done.stderr
+
+
+INSIDE_MPI_TEST = r"""
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "peer_watch.h"
+
+int main(int argc, char** argv) {
+  const bool stuck = argc > 1 && std::strcmp(argv[1], "stuck") == 0;
+  // JAXFOG_TIMEOUT 0.5 s: the watchdog ends a call not returned after 2.5 s.
+  jaxfog::InsideMpi inside("jaxfog neighbor_allreduce (op #7 on rank 0)", 0.5);
+  jaxfog::InsideMpi never("jaxfog allreduce (op #1 on rank 0)", 0);  // no timeout: no watch
+  never.Enter("MPI_Testsome", -1);
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(4)) {
+    inside.Enter("MPI_Isend of data", 3);
+    if (stuck) std::this_thread::sleep_for(std::chrono::seconds(4));  // a call that blocks
+    inside.Leave();
+  }
+  std::printf("returned\n");
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("stuck", [False, True])
+def test_an_mpi_call_that_never_returns_ends_the_process_saying_where(tmp_path, stuck):
+    """A dead peer can block MPI_Isend for ever (MPICH's ch4:ofi over tcp): the
+    watchdog then names the op, the call and the peer and ends the process
+    (status 1) JAXFOG_TIMEOUT + 2 s after the call began. Calls that return,
+    however many, and ops without a timeout, are left alone."""
+    import time
+
+    from jaxfog import ffi
+
+    mpicxx, _ = ffi.mpi_tools()
+    assert mpicxx, "no MPI compiler wrapper for the library's MPI"
+    binary = tmp_path / "main"
+    (tmp_path / "main.cc").write_text(INSIDE_MPI_TEST)
+    built = subprocess.run(
+        [mpicxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-pthread", "-I", str(FFI),
+         "-isystem", _jaxlib_include(), str(tmp_path / "main.cc"), str(FFI / "peer_watch.cc"),
+         "-o", str(binary)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    start = time.monotonic()
+    done = subprocess.run([str(binary), "stuck" if stuck else "fine"], capture_output=True,
+                          text=True, timeout=60)
+    seconds = time.monotonic() - start
+    if not stuck:
+        assert done.returncode == 0 and done.stdout == "returned\n", done.stdout + done.stderr
+        assert done.stderr == ""
+        return
+    assert done.returncode == 1 and "returned" not in done.stdout, done.stdout + done.stderr
+    assert done.stderr == (
+        "jaxfog neighbor_allreduce (op #7 on rank 0): MPI_Isend of data (rank 3) has not "
+        "returned after 2.5 s (JAXFOG_TIMEOUT + 2 s): MPI is stuck, a peer died or cannot be "
+        "reached; ending this process with status 1\n"), done.stderr
+    assert seconds > 2.4, seconds  # not before the limit

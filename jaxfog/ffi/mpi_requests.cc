@@ -243,13 +243,14 @@ ffi::Error RequestSet::WaitAll(const WaitScope& scope, const std::string& what,
   int* finished = many.empty() ? few : many.data();
   if (done_at != nullptr) done_at->assign(requests_.size(), timeline::Now());
   const EndableWait endable;
+  InsideMpi inside(what, timeout_seconds);  // a poll that never returns
   for (int polls = 0;; ++polls) {
     if (pending == 0) return ffi::Error::Success();
     int count = 0;
-    if (int code = MPI_Testsome(n, requests_.data(), &count, finished, MPI_STATUSES_IGNORE);
-        code != MPI_SUCCESS) {
-      return FailedWait(scope, what, code);
-    }
+    inside.Enter("MPI_Testsome", -1);
+    const int code = MPI_Testsome(n, requests_.data(), &count, finished, MPI_STATUSES_IGNORE);
+    inside.Leave();
+    if (code != MPI_SUCCESS) return FailedWait(scope, what, code);
     if (count == MPI_UNDEFINED) return ffi::Error::Success();  // none left active
     if (count > 0) {
       pending -= count;

@@ -251,9 +251,11 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
   timeline::Span post("post");
   const bool timed = static_cast<bool>(post);  // the one check for the whole exchange
   std::vector<int> data_peers;                 // peer of each data request, when timed
+  InsideMpi inside(what, scope_.timeout_seconds);  // a post that never returns
   // Receives first, so that eager sends find them posted.
   for (size_t i = 0; i < recvs.size(); ++i) {
     const int peer = recvs[i].peer;
+    inside.Enter("MPI_Irecv of a header", peer);
     JAXFOG_RETURN_IF_MPI_ERROR(
         MPI_Irecv(&in_headers[i], sizeof(Header), MPI_BYTE, peer, kHeaderTag, comm_,
                   header_requests.Add("the header from rank " + std::to_string(peer), peer)),
@@ -262,6 +264,7 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
   for (size_t i = 0; i < sends.size(); ++i) {
     const int peer = sends[i].peer;
     out_headers[i] = MakeHeader(info, sequence_, TotalBytes(sends[i].pieces));
+    inside.Enter("MPI_Isend of a header", peer);
     JAXFOG_RETURN_IF_MPI_ERROR(
         MPI_Isend(&out_headers[i], sizeof(Header), MPI_BYTE, peer, kHeaderTag, comm_,
                   header_requests.Add("the header to rank " + std::to_string(peer), peer)),
@@ -276,6 +279,7 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
       if (timed) data_peers.push_back(peer);
       MPI_Request* request = data_requests.Add(
           (send ? "the send to rank " : "data from rank ") + std::to_string(peer), peer);
+      inside.Enter(send ? "MPI_Isend of data" : "MPI_Irecv of data", peer);
       JAXFOG_RETURN_IF_MPI_ERROR(PostChunk(chunk, send, peer, comm_, request),
                                  what + (send ? ": MPI_Isend to rank " : ": MPI_Irecv from rank ") +
                                      std::to_string(peer));
@@ -290,6 +294,7 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
   for (const SendSpec& send : sends) {
     if (with_data) JAXFOG_RETURN_IF_ERROR(post_data(send.pieces, send.peer, true));
   }
+  inside.Leave();
   const int64_t posted = post.End();  // the waits start here
   std::vector<int64_t> header_done, data_done;
   // Headers first: a peer in another op, or with another shape, is named

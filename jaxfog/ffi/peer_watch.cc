@@ -449,4 +449,88 @@ EndableWait::EndableWait() { waits_in_flight.fetch_add(1); }
 
 EndableWait::~EndableWait() { waits_in_flight.fetch_sub(1); }
 
+// One op's place inside MPI. `since` (steady-clock ns; 0: not inside a call)
+// is written last on entering, so the watchdog reads the rest after it.
+struct InsideMpi::Slot {
+  std::atomic<bool> taken{false};
+  std::atomic<int64_t> since{0};
+  std::atomic<const char*> call{nullptr};
+  std::atomic<int> peer{-1};
+  double limit_seconds = 0;
+  char what[160] = {};
+};
+
+namespace {
+
+constexpr size_t kInsideMpiSlots = 64;
+InsideMpi::Slot* inside_mpi_slots = nullptr;  // never freed: the watchdog outlives all
+
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void WatchMpiCalls() {
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    const int64_t now = SteadyNanos();
+    for (size_t i = 0; i < kInsideMpiSlots; ++i) {
+      InsideMpi::Slot& slot = inside_mpi_slots[i];
+      const int64_t since = slot.since.load(std::memory_order_acquire);
+      if (since == 0 || now - since < static_cast<int64_t>(slot.limit_seconds * 1e9)) continue;
+      std::string line = std::string(slot.what) + ": " + slot.call.load();
+      const int peer = slot.peer.load();
+      if (peer >= 0) line += " (rank " + std::to_string(peer) + ")";
+      if (slot.since.load(std::memory_order_acquire) != since) continue;  // it returned
+      char limit[32];
+      std::snprintf(limit, sizeof(limit), "%g", slot.limit_seconds);
+      line += std::string(" has not returned after ") + limit +
+              " s (JAXFOG_TIMEOUT + 2 s): MPI is stuck, a peer died or cannot be reached; "
+              "ending this process with status 1\n";
+      std::fputs(line.c_str(), stderr);  // one write: ranks' lines stay whole
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+  }
+}
+
+}  // namespace
+
+InsideMpi::InsideMpi(const std::string& what, double timeout_seconds) {
+  if (timeout_seconds <= 0) return;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    inside_mpi_slots = new Slot[kInsideMpiSlots];
+    std::thread(WatchMpiCalls).detach();
+  });
+  for (size_t i = 0; i < kInsideMpiSlots; ++i) {
+    bool free = false;
+    if (inside_mpi_slots[i].taken.compare_exchange_strong(free, true)) {
+      slot_ = &inside_mpi_slots[i];
+      break;
+    }
+  }
+  if (slot_ == nullptr) return;
+  slot_->limit_seconds = timeout_seconds + 2;
+  std::snprintf(slot_->what, sizeof(slot_->what), "%s", what.c_str());
+}
+
+InsideMpi::~InsideMpi() {
+  if (slot_ == nullptr) return;
+  slot_->since.store(0, std::memory_order_release);
+  slot_->taken.store(false, std::memory_order_release);
+}
+
+void InsideMpi::Enter(const char* call, int peer) {
+  if (slot_ == nullptr) return;
+  slot_->call.store(call, std::memory_order_relaxed);
+  slot_->peer.store(peer, std::memory_order_relaxed);
+  slot_->since.store(SteadyNanos(), std::memory_order_release);
+}
+
+void InsideMpi::Leave() {
+  if (slot_ != nullptr) slot_->since.store(0, std::memory_order_release);
+}
+
 }  // namespace jaxfog

@@ -197,6 +197,30 @@ bool CommFailed();
 void CatchLauncherNotices();
 uint64_t LauncherNotices();
 
+// Where this thread is inside MPI for an op, for a watchdog that ends the
+// process when an MPI call has not returned `timeout_seconds` + 2 s after it
+// began (JAXFOG_TIMEOUT; 0: never): a dead peer can block a call for ever in
+// some transports (MPICH 5.0.2's ch4:ofi over tcp: MPI_Isend retrying a
+// connection to a dead process), where no jaxfog wait runs to time out. The
+// watchdog then says on stderr which op, which call and which peer, and ends
+// the process with status 1. Cheap: Enter and Leave are two atomic stores.
+class InsideMpi {
+ public:
+  // `what` names the op ("jaxfog neighbor_allreduce (op #5 on rank 0)").
+  InsideMpi(const std::string& what, double timeout_seconds);
+  ~InsideMpi();
+  InsideMpi(const InsideMpi&) = delete;
+  InsideMpi& operator=(const InsideMpi&) = delete;
+  // Before an MPI call that may block: `call` (a literal) for `peer` (-1: none).
+  void Enter(const char* call, int peer);
+  void Leave();
+
+  struct Slot;  // (peer_watch.cc)
+
+ private:
+  Slot* slot_ = nullptr;  // null: no watchdog (no timeout, or every slot taken)
+};
+
 // A launcher ending a job (Open MPI's prterun when a host is lost, Slurm's
 // scancel or time limit) sends SIGTERM, then SIGKILL a moment later. By
 // SIGTERM's default action a rank waiting for a peer would end without a
