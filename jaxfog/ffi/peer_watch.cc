@@ -449,13 +449,15 @@ EndableWait::EndableWait() { waits_in_flight.fetch_add(1); }
 
 EndableWait::~EndableWait() { waits_in_flight.fetch_sub(1); }
 
-// One op's place inside MPI. `since` (steady-clock ns; 0: not inside a call)
-// is written last on entering, so the watchdog reads the rest after it.
+// One op's place inside MPI. `state` is 2 x (its calls so far) + 1 while
+// inside a call, + 0 between calls: the hot path reads no clock; the
+// watchdog times how long it keeps seeing the same call.
 struct InsideMpi::Slot {
   std::atomic<bool> taken{false};
-  std::atomic<int64_t> since{0};
+  std::atomic<uint64_t> state{0};
   std::atomic<const char*> call{nullptr};
   std::atomic<int> peer{-1};
+  uint64_t calls = 0;  // written by the slot's holder only; kept across holders
   double limit_seconds = 0;
   char what[160] = {};
 };
@@ -465,24 +467,29 @@ namespace {
 constexpr size_t kInsideMpiSlots = 64;
 InsideMpi::Slot* inside_mpi_slots = nullptr;  // never freed: the watchdog outlives all
 
-int64_t SteadyNanos() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 void WatchMpiCalls() {
+  using Clock = std::chrono::steady_clock;
+  std::vector<uint64_t> seen(kInsideMpiSlots, 0);
+  std::vector<Clock::time_point> seen_at(kInsideMpiSlots);
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    const int64_t now = SteadyNanos();
+    const Clock::time_point now = Clock::now();
     for (size_t i = 0; i < kInsideMpiSlots; ++i) {
       InsideMpi::Slot& slot = inside_mpi_slots[i];
-      const int64_t since = slot.since.load(std::memory_order_acquire);
-      if (since == 0 || now - since < static_cast<int64_t>(slot.limit_seconds * 1e9)) continue;
+      const uint64_t state = slot.state.load(std::memory_order_acquire);
+      if (state != seen[i]) {  // another call since the last look (or none)
+        seen[i] = state;
+        seen_at[i] = now;  // the call began no later than this
+        continue;
+      }
+      if ((state & 1) == 0 ||
+          now - seen_at[i] < std::chrono::duration<double>(slot.limit_seconds)) {
+        continue;
+      }
       std::string line = std::string(slot.what) + ": " + slot.call.load();
       const int peer = slot.peer.load();
       if (peer >= 0) line += " (rank " + std::to_string(peer) + ")";
-      if (slot.since.load(std::memory_order_acquire) != since) continue;  // it returned
+      if (slot.state.load(std::memory_order_acquire) != state) continue;  // it returned
       char limit[32];
       std::snprintf(limit, sizeof(limit), "%g", slot.limit_seconds);
       line += std::string(" has not returned after ") + limit +
@@ -506,19 +513,22 @@ InsideMpi::InsideMpi(const std::string& what, double timeout_seconds) {
   });
   for (size_t i = 0; i < kInsideMpiSlots; ++i) {
     bool free = false;
-    if (inside_mpi_slots[i].taken.compare_exchange_strong(free, true)) {
+    if (inside_mpi_slots[i].taken.compare_exchange_strong(free, true,
+                                                          std::memory_order_acquire)) {
       slot_ = &inside_mpi_slots[i];
       break;
     }
   }
   if (slot_ == nullptr) return;
   slot_->limit_seconds = timeout_seconds + 2;
-  std::snprintf(slot_->what, sizeof(slot_->what), "%s", what.c_str());
+  const size_t length = std::min(what.size(), sizeof(slot_->what) - 1);
+  std::memcpy(slot_->what, what.data(), length);
+  slot_->what[length] = '\0';
 }
 
 InsideMpi::~InsideMpi() {
   if (slot_ == nullptr) return;
-  slot_->since.store(0, std::memory_order_release);
+  Leave();
   slot_->taken.store(false, std::memory_order_release);
 }
 
@@ -526,11 +536,11 @@ void InsideMpi::Enter(const char* call, int peer) {
   if (slot_ == nullptr) return;
   slot_->call.store(call, std::memory_order_relaxed);
   slot_->peer.store(peer, std::memory_order_relaxed);
-  slot_->since.store(SteadyNanos(), std::memory_order_release);
+  slot_->state.store(2 * ++slot_->calls + 1, std::memory_order_release);
 }
 
 void InsideMpi::Leave() {
-  if (slot_ != nullptr) slot_->since.store(0, std::memory_order_release);
+  if (slot_ != nullptr) slot_->state.store(2 * slot_->calls, std::memory_order_release);
 }
 
 }  // namespace jaxfog

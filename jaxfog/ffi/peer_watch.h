@@ -203,7 +203,8 @@ uint64_t LauncherNotices();
 // some transports (MPICH 5.0.2's ch4:ofi over tcp: MPI_Isend retrying a
 // connection to a dead process), where no jaxfog wait runs to time out. The
 // watchdog then says on stderr which op, which call and which peer, and ends
-// the process with status 1. Cheap: Enter and Leave are two atomic stores.
+// the process with status 1. Cheap: Enter and Leave are plain stores (no
+// clock: the watchdog times how long it sees the same call).
 class InsideMpi {
  public:
   // `what` names the op ("jaxfog neighbor_allreduce (op #5 on rank 0)").
