@@ -14,7 +14,8 @@ from jaxfog.cli import _demo, _launcher
 
 # Options of `jaxfog run` that take a value; everything else starting with "-"
 # before the command is handed to mpiexec.
-_RUN_VALUE_OPTIONS = ("-np", "-n", "-H", "--hosts", "--hostfile", "--mpi-args")
+_RUN_VALUE_OPTIONS = ("-np", "-n", "-H", "--hosts", "--hostfile", "--mpi-args",
+                      "--max-restarts", "--min-np", "--host-discovery-script")
 _RUN_FLAGS = ("--dry-run", "--rank-prefix", "-h", "--help")
 
 
@@ -59,6 +60,15 @@ def _run(argv: Sequence[str]) -> int:
     ours, passthrough, command = split_run_argv(argv)
     args = _run_parser().parse_args(ours)
     try:
+        if args.max_restarts is not None or args.host_discovery_script:
+            return _launcher.run_elastic(
+                command, args.np, max_restarts=args.max_restarts or 0,
+                min_np=args.min_np or 1, hosts=args.hosts, hostfile=args.hostfile,
+                discovery_script=args.host_discovery_script,
+                mpi_args=passthrough + shlex.split(args.mpi_args or ""),
+                rank_prefix=args.rank_prefix, dry_run=args.dry_run)
+        if args.min_np is not None:
+            raise ValueError("--min-np is for elastic runs: give --max-restarts too")
         return _launcher.run(command, args.np, hosts=args.hosts, hostfile=args.hostfile,
                             mpi_args=passthrough + shlex.split(args.mpi_args or ""),
                             dry_run=args.dry_run, rank_prefix=args.rank_prefix)
@@ -82,6 +92,16 @@ def _run_parser() -> argparse.ArgumentParser:
     run.add_argument("-H", "--hosts", help="host:slots,... (e.g. node1:4,node2:4)")
     run.add_argument("--hostfile", help="MPI hostfile")
     run.add_argument("--mpi-args", help="extra mpiexec arguments, one quoted string")
+    run.add_argument("--max-restarts", type=int, metavar="R",
+                     help="elastic: relaunch the job when it fails, at most R times, on the "
+                          "hosts still reachable; ranks resume from jaxfog.elastic snapshots "
+                          "(docs/guide/elastic.rst)")
+    run.add_argument("--min-np", type=int, metavar="M",
+                     help="elastic: give up when fewer than M slots are reachable (default 1)")
+    run.add_argument("--host-discovery-script", metavar="SCRIPT",
+                     help="elastic: a program printing the available hosts, one host:slots "
+                          "a line; run before each launch and while the job runs (new hosts "
+                          "join at the next snapshot; -np is then the most ranks)")
     run.add_argument("--dry-run", action="store_true", help="print the mpiexec command only")
     run.add_argument("--rank-prefix", action="store_true",
                      help="start every output line with [rank] (lines are never joined "

@@ -298,5 +298,170 @@ def run(command: Sequence[str], np: int, *, dry_run: bool = False,
     return subprocess.call(args)
 
 
+# --- elastic runs: relaunch on the hosts still reachable -------------------
+
+#: Seconds a probe of a host (``mpiexec -n 1`` of ``true`` there) may take.
+PROBE_TIMEOUT_ENV = "JAXFOG_PROBE_TIMEOUT"
+#: Seconds between two runs of ``--host-discovery-script`` while the job runs.
+DISCOVERY_INTERVAL_ENV = "JAXFOG_DISCOVERY_INTERVAL"
+
+
+def parse_hosts(text: str) -> dict[str, int]:
+    """``{host: slots}`` from ``host:slots,...`` or hostfile lines (``host``,
+    ``host:slots``, Open MPI's ``host slots=N``); comments and blanks skipped."""
+    hosts: dict[str, int] = {}
+    for entry in text.replace(",", "\n").splitlines():
+        entry = entry.split("#")[0].strip()
+        if not entry:
+            continue
+        name, _, rest = entry.partition(" ")
+        name, _, slots = name.partition(":")
+        if "slots=" in rest:
+            slots = rest.split("slots=")[1].split()[0]
+        if slots and not slots.isdigit():
+            raise ValueError(f"host entry {entry!r}: slots must be a number")
+        hosts[name] = hosts.get(name, 0) + (int(slots) if slots else 1)
+    return hosts
+
+
+def _format_hosts(hosts: Mapping[str, int]) -> str:
+    return ",".join(f"{name}:{slots}" for name, slots in hosts.items())
+
+
+def probe_hosts(hosts: Mapping[str, int], *, mpiexec: str, flavour: str,
+                env: Mapping[str, str], timeout: float) -> dict[str, int]:
+    """The hosts among ``hosts`` where the MPI launcher starts ``true`` within
+    ``timeout`` seconds (all probed at once)."""
+    import threading
+
+    reachable: dict[str, bool] = {}
+
+    def probe(host: str) -> None:
+        args = build_command(["true"], 1, hosts=f"{host}:1", mpiexec=mpiexec, flavour=flavour,
+                             env=env, rank_shim=False)
+        try:
+            process = subprocess.Popen(args, env=dict(env), stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            reachable[host] = False
+            return
+        try:
+            reachable[host] = process.wait(timeout=timeout) == 0
+        except subprocess.TimeoutExpired:
+            reachable[host] = False
+            try:
+                os.killpg(process.pid, 9)
+            except ProcessLookupError:
+                pass
+            process.wait()
+
+    threads = [threading.Thread(target=probe, args=(host,), daemon=True) for host in hosts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {host: slots for host, slots in hosts.items() if reachable.get(host)}
+
+
+def discover_hosts(script: str, env: Mapping[str, str], timeout: float) -> dict[str, int]:
+    """The hosts ``script`` prints (one ``host:slots`` a line), as Horovod's
+    ``--host-discovery-script``."""
+    out = subprocess.run([script], capture_output=True, text=True, timeout=timeout,
+                         env=dict(env))
+    if out.returncode:
+        raise RuntimeError(f"host discovery script {script} failed (exit status "
+                           f"{out.returncode}): {out.stderr.strip()}")
+    return parse_hosts(out.stdout)
+
+
+def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: int = 1,
+                hosts: str | None = None, hostfile: str | None = None,
+                discovery_script: str | None = None, mpi_args: Sequence[str] = (),
+                rank_prefix: bool = False, dry_run: bool = False) -> int:
+    """Runs the job, and relaunches it when it fails (at most ``max_restarts``
+    times) on the hosts still reachable, or those ``discovery_script`` names:
+    ``np`` ranks at most, one per slot, and never fewer than ``min_np``. While
+    it runs, a discovery script is run every ``JAXFOG_DISCOVERY_INTERVAL``
+    seconds (default 10); when it names hosts or slots the job does not have,
+    the job is asked to stop at its next snapshot (``jaxfog.elastic``) and is
+    relaunched with them, without counting as a failure. Every rank learns
+    the launch's number from ``JAXFOG_ELASTIC_RESTART``."""
+    import tempfile
+    import time
+
+    if max_restarts < 0:
+        raise ValueError(f"--max-restarts must be >= 0, got {max_restarts}")
+    if not 1 <= min_np <= np:
+        raise ValueError(f"--min-np must be in [1, -np={np}], got {min_np}")
+    if rank_prefix:
+        os.environ[PREFIX_ENV] = "1"
+    env = dict(os.environ)
+    mpiexec = find_mpiexec(env)
+    flavour = mpi_flavour(mpiexec)
+    timeout = float(env.get(PROBE_TIMEOUT_ENV, "10"))
+    interval = float(env.get(DISCOVERY_INTERVAL_ENV, "10"))
+    listed = parse_hosts(hosts) if hosts else (
+        parse_hosts(Path(hostfile).read_text()) if hostfile else None)
+
+    def available() -> dict[str, int] | None:
+        if discovery_script:
+            return discover_hosts(discovery_script, env, timeout)
+        if listed is None:
+            return None  # this machine only
+        return probe_hosts(listed, mpiexec=mpiexec, flavour=flavour, env=env, timeout=timeout)
+
+    control = os.path.join(tempfile.mkdtemp(prefix="jaxfog-elastic-"), "rescale")
+    failures = launch = 0
+    found = listed if dry_run else None
+    while True:
+        found = available() if not dry_run else found
+        ranks = np if found is None else min(np, sum(found.values()))
+        if ranks < min_np:
+            print(f"jaxfog run: {ranks} slot(s) reachable ({_format_hosts(found or {})}), "
+                  f"fewer than --min-np {min_np}; giving up", file=sys.stderr, flush=True)
+            return 1
+        env.update({"JAXFOG_ELASTIC_RESTART": str(launch), "JAXFOG_ELASTIC_CONTROL": control})
+        args = build_command(command, ranks, hosts=_format_hosts(found) if found else None,
+                             mpi_args=mpi_args, mpiexec=mpiexec, flavour=flavour, env=env)
+        if dry_run:
+            print(shlex.join(args))
+            return 0
+        if launch:
+            print(f"jaxfog run: relaunch {launch} on {ranks} rank(s)"
+                  + (f" ({_format_hosts(found)})" if found else ""), file=sys.stderr,
+                  flush=True)
+        if os.path.exists(control):
+            os.remove(control)
+        started = time.monotonic()
+        process = subprocess.Popen(args, env=env)
+        while process.poll() is None:
+            try:
+                process.wait(timeout=interval)
+            except subprocess.TimeoutExpired:
+                if discovery_script and not os.path.exists(control):
+                    now = discover_hosts(discovery_script, env, timeout)
+                    if any(now.get(h, 0) > (found or {}).get(h, 0) for h in now) and (
+                            ranks < np):
+                        Path(control).touch()  # stop at the next snapshot
+        status = process.returncode
+        rescaled = os.path.exists(control)
+        if status == 0:
+            return 0
+        launch += 1
+        if rescaled:
+            print("jaxfog run: the job stopped to take in new hosts", file=sys.stderr,
+                  flush=True)
+            continue
+        failures += 1
+        if failures > max_restarts:
+            print(f"jaxfog run: the job failed (exit status {status}) after "
+                  f"{time.monotonic() - started:.1f} s, and --max-restarts {max_restarts} "
+                  "are spent; giving up", file=sys.stderr, flush=True)
+            return status
+        print(f"jaxfog run: the job failed (exit status {status}) after "
+              f"{time.monotonic() - started:.1f} s; restart {failures} of {max_restarts}",
+              file=sys.stderr, flush=True)
+
+
 if __name__ == "__main__":  # the per-rank shim, run by path so it imports nothing heavy
     exec_rank(sys.argv[1:])

@@ -1,0 +1,137 @@
+"""Elastic training of a Flax MLP on scikit-learn's digits (docs/guide/elastic.rst).
+
+    jaxfog run -np 4 --max-restarts 3 python examples/elastic_digits.py   # MPI processes
+    python examples/elastic_digits.py                                       # 4 simulated agents
+
+The training loop is the optax guide's, with two changes: the state lives in a
+``jaxfog.elastic.State``, and the loop runs over ``state.steps``. If a rank or
+a host dies, ``jaxfog run`` relaunches the job on the hosts still reachable
+and every rank resumes from its latest snapshot (or, on a new host, from a
+neighbour's live copy); everything that depends on the number of ranks (the
+topology, the optimizer, the data shards) is rebuilt below for the new size.
+
+Options: ``--method`` (atc, gradient_allreduce, gradient_tracking,
+exact_diffusion, push_sum, choco, diloco, streaming_diloco, noloco, awc_delay),
+``--steps``, ``--every`` (steps between snapshots), ``--out FILE.npz`` (rank 0,
+or the simulation, writes the final parameters of every agent and the test
+accuracy), ``--kill RANK:STEP`` (that rank kills itself at that step in the
+first launch: the test of a lost rank), ``--nnx`` (the same model in Flax NNX).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from sklearn.datasets import load_digits
+
+import jaxfog as jf
+import jaxfog.compress as C
+import jaxfog.elastic as je
+import jaxfog.optax as jfo
+import jaxfog.topology as T
+
+BATCH = 32
+
+
+class MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(10)(nn.relu(nn.Dense(32)(x)))
+
+
+def optimizer_for(method: str, n: int) -> optax.GradientTransformation:
+    """The method, built for ``n`` agents (rebuilt at every relaunch)."""
+    sgd = optax.sgd(0.1, momentum=0.9)
+    return {
+        "atc": lambda: jfo.atc(sgd, topology=T.one_peer_exponential(n)),
+        "awc_delay": lambda: jfo.awc(sgd, topology=T.exponential(n), delay=1),
+        "gradient_allreduce": lambda: jfo.gradient_allreduce(sgd),
+        "gradient_tracking": lambda: jfo.gradient_tracking(0.1, topology=T.exponential(n)),
+        "exact_diffusion": lambda: jfo.exact_diffusion(0.1, topology=T.exponential(n)),
+        "push_sum": lambda: jfo.push_sum(sgd, topology=T.exponential(n)),
+        "choco": lambda: jfo.choco(sgd, compressor=C.top_k(0.25), gamma=0.5,
+                                   topology=T.ring(n)),
+        "diloco": lambda: jfo.diloco(optax.adam(3e-3), every=5),
+        "streaming_diloco": lambda: jfo.streaming_diloco(optax.adam(3e-3), every=6,
+                                                         fragments=2, delay=1),
+        "noloco": lambda: jfo.noloco(optax.adam(3e-3), every=5),
+    }[method]()
+
+
+def data(n: int):
+    """Train rows split among ``n`` agents by label (heterogeneous), and a test set."""
+    images, labels = load_digits(return_X_y=True)
+    images = (images / 16.0).astype(np.float32)
+    test = np.arange(len(labels)) % 5 == 0
+    train_x, train_y = images[~test], labels[~test].astype(np.int32)
+    order = np.argsort(train_y, kind="stable")
+    per_agent = len(order) // n
+    shards = [order[r * per_agent:(r + 1) * per_agent] for r in range(n)]
+    return [(train_x[s], train_y[s]) for s in shards], (images[test], labels[test])
+
+
+def main(simulated: int = 4, method: str = "atc", steps: int = 60, every: int = 10,
+         out: str | None = None, kill: str | None = None, directory: str | None = None):
+    agents = jf.Agents(simulated=simulated)
+    n = agents.size
+    optimizer = optimizer_for(method, n)
+    model = MLP()
+    params0 = model.init(jax.random.key(0), jnp.zeros((1, 64), jnp.float32))
+    shards, (test_x, test_y) = data(n)
+    x, y = agents.data(lambda r: shards[r])
+
+    def loss_fn(params, x, y):
+        logits = model.apply(params, x)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    def train_step(params, opt_state, x, y, step):
+        rows = (jnp.arange(BATCH) + step * BATCH) % x.shape[0]
+        loss, grads = jax.value_and_grad(loss_fn)(params, x[rows], y[rows])
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    train_step = agents.map(train_step, in_axes=(0, 0, 0, 0, None))
+    params, opt_state = agents.map(lambda _: (params0, optimizer.init(params0)))(
+        agents.data(lambda r: np.int32(r)))
+
+    # The two changes for elastic training: the state, and its steps.
+    state = je.State(params=params, opt_state=opt_state, every=every, directory=directory)
+    kill_rank, kill_step = map(int, kill.split(":")) if kill else (-1, -1)
+    for step in state.steps(steps):
+        if (step == kill_step and not agents.simulated and jf.rank() == kill_rank
+                and os.environ.get(je.RESTART_ENV, "0") == "0"):
+            os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+        state.params, state.opt_state, loss = train_step(state.params, state.opt_state,
+                                                         x, y, jnp.int32(step))
+
+    everyone = agents.gather(state.params)  # every agent's parameters, stacked
+    mean = jax.tree.map(lambda p: p.mean(0), everyone)
+    accuracy = float((model.apply(mean, test_x).argmax(-1) == test_y).mean())
+    if agents.is_root:
+        print(f"{method}: {n} agents, resumed at step {state.resumed.step}, "
+              f"test accuracy {accuracy:.3f}")
+        if out:
+            np.savez(out, accuracy=accuracy, agents=n,
+                     **{f"p{i}": np.asarray(leaf)
+                        for i, leaf in enumerate(jax.tree.leaves(everyone))})
+    return everyone, accuracy
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--method", default="atc")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--agents", type=int, default=4)
+    parser.add_argument("--out")
+    parser.add_argument("--kill")
+    parser.add_argument("--directory")
+    args = parser.parse_args()
+    main(args.agents, args.method, args.steps, args.every, args.out, args.kill, args.directory)

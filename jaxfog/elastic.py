@@ -1,0 +1,613 @@
+r"""Elastic training: the run goes on when a rank or a host is lost, and hosts can join.
+
+Every rank of a decentralized run holds a whole model, so a lost rank takes no
+global state with it: only the graph needs repair. jaxfog repairs it by
+restart. ``jaxfog run --max-restarts R`` relaunches the job when it fails, on
+the hosts still reachable (and on new ones a ``--host-discovery-script``
+names), and every rank resumes from its own latest *snapshot*: its state,
+written every ``every`` steps by a background thread while training goes on.
+A rank that finds no snapshot of its own (a new host, or more slots) gets a
+live copy of a neighbour's state over MPI. The user's loop needs two changes::
+
+    state = jaxfog.elastic.State(params=params, opt_state=opt_state, every=20)
+    for step in state.steps(300):        # from the resumed step
+        state.params, state.opt_state, loss = train_step(state.params, state.opt_state,
+                                                         batch(step, jf.rank(), jf.size()))
+
+Since a relaunch runs the whole script again, everything that depends on the
+number of ranks (topologies, schedules, optimizers, data shards) is rebuilt
+for the new size by the script itself; the values given to :class:`State` are
+then the fresh state of that program, whose structure the snapshot must match.
+
+What a resume does (the same on MPI processes and in :func:`simulate`):
+
+1. Every rank lists the snapshots on its own host
+   (``<directory>/<host>/member<id>.step<s>.npz``). A *member* is one model:
+   member ids are ranks at the first launch and follow their models across
+   restarts, whatever their new ranks.
+2. The resume step ``S`` is the newest step every current member has: the
+   oldest of their latest snapshots (each rank keeps its last two, and a rank
+   stopped mid-write is at most ``every`` steps behind), so no rank resumes
+   from a state older than another's. Members whose latest snapshot is older
+   than the newest by more than ``every`` steps are stale (a host that left
+   earlier and came back): they are dropped.
+3. On each host, the ranks (ascending) take the host's members (ascending).
+   A rank left without one is a *newcomer*: it gets the state of the nearest
+   resumed rank below it (cyclically; rank r - 1 sends to r on the ring and
+   exponential graphs) as a live copy over MPI, and a new member id.
+4. If the members are not those of the snapshot (a member lost, one joined),
+   each optimizer's invariant is restored (below). Exchanges that were in
+   flight at the snapshot (``delay=``, Streaming DiLoCo) are replaced by idle
+   ones in every case, since they do not survive their processes.
+
+The invariants, restored when membership changes:
+
+* ``atc``, ``awc``, ``gradient_allreduce``, ``push_sum``, ``diloco``,
+  ``noloco``, ``local_sgd``: none to restore. Each member's parameters and
+  state are its own; DiLoCo's anchor is the same on every member after a
+  sync and stays so (a newcomer copies its neighbour's); push-sum's estimate
+  is :math:`x / w` whatever the total mass.
+* ``gradient_tracking``: the trackers' average equals the members' average
+  gradient, :math:`\frac1n\sum_i y_i = \frac1n\sum_i g_i`, kept by a doubly
+  stochastic W but broken when a member leaves or joins; restored by
+  :math:`y_i \leftarrow g_i^{k-1}` (its last gradient), as at the start.
+* ``exact_diffusion``: the correction :math:`x_i - \psi_i` sums to the
+  members' gradients' history; restored by :math:`\psi_i \leftarrow x_i` (the
+  parameters, given as ``params``), as ``init`` does.
+* ``choco``, ``beer``: public copies of the in-neighbours, whose number
+  changes with the graph, start again as ``init`` makes them (the fresh
+  state's).
+* delayed ``atc``/``awc``: the ``d`` exchanges in flight become idle (each
+  member keeps its own value for those ``d`` mixes); Streaming DiLoCo: the
+  fragments in flight are not applied (their outer step is skipped, the
+  anchor kept), in every resume.
+
+:func:`simulate` runs a program on simulated agents with membership changes
+at given steps (agents leave, agents join) with these semantics: research on
+churn on one machine, and the oracle the MPI tests compare with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+import warnings
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from jaxfog import _context, runtime
+from jaxfog import _validate as V
+from jaxfog.ops.nonblocking import Handle
+from jaxfog.optax import _common
+from jaxfog.optax.compressed import BeerState, ChocoState
+from jaxfog.optax.exact import ExactDiffusionState, TrackingState
+from jaxfog.optax.streaming import StreamingDiLoCoState
+
+#: Where snapshots go (default ``./jaxfog_elastic``); ``directory=`` overrides it.
+DIRECTORY_ENV = "JAXFOG_ELASTIC_DIR"
+#: Set by ``jaxfog run --max-restarts`` in the ranks: the number of this launch (0 first).
+RESTART_ENV = "JAXFOG_ELASTIC_RESTART"
+#: Set by ``jaxfog run --max-restarts``: a file whose existence asks the job to stop at
+#: the next snapshot so that it is relaunched on the hosts now available (a host joined).
+CONTROL_ENV = "JAXFOG_ELASTIC_CONTROL"
+#: The exit status of every rank that stopped for such a relaunch.
+RESCALE_EXIT_STATUS = 75
+#: Steps between snapshots when ``every`` is not given.
+DEFAULT_EVERY = 50
+
+_COPY_TAG = 7
+_FILE = re.compile(r"^member(\d+)\.step(\d+)\.npz$")
+_WHAT = "jaxfog.elastic.State"
+
+
+class Change(NamedTuple):
+    """A membership change of :func:`simulate`, at a step boundary."""
+
+    #: Member ids of the agents that leave (at the first launch, member id = rank).
+    leave: Sequence[int] = ()
+    #: How many agents join (they take the last ranks, as a host added last does).
+    join: int = 0
+
+
+class Resumed(NamedTuple):
+    """How a :class:`State` started: its step, members, and what came from where."""
+
+    #: The step it resumes at (0: a fresh start).
+    step: int
+    #: The member id of each rank, in rank order.
+    members: tuple
+    #: The ranks that got a live copy, each from the rank given: ``{newcomer: donor}``.
+    copied_from: dict
+    #: Whether the members differ from the snapshot's (invariants were restored).
+    changed: bool
+
+
+# --- the rules that restore invariants (state type -> rule) ---------------------------
+
+Rule = Callable[[Any, Any, Any], Any]  # (restored node, fresh node, params) -> node
+
+
+def _idle_handles(tree: Any) -> Any:
+    """Every :class:`jaxfog.Handle` in ``tree`` made idle (zeros: ticket 0 on MPI
+    processes, which waits for nothing)."""
+    return jax.tree.map(lambda h: jax.tree.map(np.zeros_like, h) if isinstance(h, Handle)
+                        else h, tree, is_leaf=lambda x: isinstance(x, Handle))
+
+
+def _delayed(restored: _common.Delayed, fresh: Any, params: Any, changed: bool):
+    return _common.Delayed(tuple(_common._idle(e) for e in restored.exchanges))
+
+
+def _streaming(restored: StreamingDiLoCoState, fresh: Any, params: Any, changed: bool):
+    return restored._replace(handles=_idle_handles(restored.handles),
+                             pending=np.zeros_like(restored.pending))
+
+
+def _tracking(restored: TrackingState, fresh: Any, params: Any, changed: bool):
+    return restored._replace(tracker=restored.prev_grads) if changed else restored
+
+
+def _exact(restored: ExactDiffusionState, fresh: Any, params: Any, changed: bool):
+    if not changed:
+        return restored
+    if params is None:
+        raise ValueError(f"{_WHAT}: exact_diffusion's state needs the parameters to restore "
+                         "its invariant after a membership change: pass them as params=")
+    return restored._replace(psi=params)
+
+
+def _public_copies(restored: Any, fresh: Any, params: Any, changed: bool):
+    return restored._replace(public=fresh.public) if changed else restored
+
+
+#: The rules, by state type: ``rule(restored, fresh, params, changed) -> state``.
+RULES: dict[type, Callable[..., Any]] = {
+    _common.Delayed: _delayed, StreamingDiLoCoState: _streaming, TrackingState: _tracking,
+    ExactDiffusionState: _exact, ChocoState: _public_copies, BeerState: _public_copies,
+}
+
+
+def _reconcile(restored: Any, fresh: Any, params: Any, changed: bool) -> Any:
+    """``restored`` with each rule applied where its type occurs (the outermost
+    one of a path), and every other :class:`jaxfog.Handle` made idle."""
+    def is_node(x):
+        return x is None or type(x) in RULES or isinstance(x, Handle)
+
+    nodes, treedef = jax.tree_util.tree_flatten(restored, is_leaf=is_node)
+    done = []
+    for node, like in zip(nodes, treedef.flatten_up_to(fresh)):
+        if type(node) in RULES:
+            node = RULES[type(node)](node, like, params, changed)
+        elif isinstance(node, Handle):
+            node = _idle_handles(node)
+        done.append(node)
+    return treedef.unflatten(done)
+
+
+# --- snapshots on disk ------------------------------------------------------------------
+
+def _flatten(tree: Any) -> dict[str, np.ndarray]:
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
+
+
+def _signature(tree: Any, version: str) -> str:
+    """The structure, shapes and dtypes of ``tree`` and the program's version."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    parts = [f"{jax.tree_util.keystr(p)}:{np.shape(x)}:{getattr(x, 'dtype', None) or type(x)}"
+             for p, x in leaves]
+    return json.dumps([version, parts])
+
+
+def _unflatten_like(arrays: Mapping[str, np.ndarray], fresh: Any) -> Any:
+    """``fresh``'s structure holding the snapshot's arrays where the key
+    exists (with the snapshot's shape), ``None`` where it does not."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: arrays.get(jax.tree_util.keystr(path)), fresh)
+
+
+def _host_directory(directory: str, host: str) -> str:
+    return os.path.join(directory, re.sub(r"[^A-Za-z0-9_.-]", "_", host))
+
+
+def _listing(directory: str) -> dict[int, list[int]]:
+    """{member: sorted steps} of the complete snapshots in ``directory``."""
+    found: dict[int, list[int]] = {}
+    for name in os.listdir(directory) if os.path.isdir(directory) else ():
+        match = _FILE.match(name)
+        if match:
+            found.setdefault(int(match[1]), []).append(int(match[2]))
+    return {member: sorted(steps) for member, steps in found.items()}
+
+
+def _read(path: str) -> tuple[dict, dict[str, np.ndarray]]:
+    with np.load(path, allow_pickle=False) as data:
+        meta = json.loads(str(data["__jaxfog_meta__"]))
+        return meta, {key: data[f"a{i}"] for i, key in enumerate(meta["keys"])}
+
+
+class _Writer:
+    """Writes snapshots in a background thread, one at a time, atomically
+    (a temporary file renamed), keeping this member's newest two."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def write(self, directory: str, member: int, step: int, meta: dict,
+              arrays: dict[str, np.ndarray]) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=self._write, daemon=True, name="jaxfog.elastic",
+                                        args=(directory, member, step, meta, arrays))
+        self._thread.start()
+
+    def _write(self, directory, member, step, meta, arrays) -> None:
+        try:
+            os.makedirs(directory, exist_ok=True)
+            final = os.path.join(directory, f"member{member}.step{step}.npz")
+            partial = final + f".{os.getpid()}.partial"
+            # Keys by position: a path's text may hold characters a zip name cannot.
+            meta = {**meta, "keys": list(arrays)}
+            with open(partial, "wb") as f:
+                np.savez(f, __jaxfog_meta__=np.asarray(json.dumps(meta)),
+                         **{f"a{i}": a for i, a in enumerate(arrays.values())})
+            os.replace(partial, final)
+            for old in _listing(directory).get(member, [])[:-2]:
+                os.remove(os.path.join(directory, f"member{member}.step{old}.npz"))
+        except BaseException as error:  # reported at the next write or wait
+            self.error = error
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise OSError(f"{_WHAT}: writing a snapshot failed: {error}") from error
+
+
+# --- who resumes what ---------------------------------------------------------------------
+
+class _Plan(NamedTuple):
+    step: int
+    members: list  # member id of each rank
+    snapshots: list  # (host, member) each rank loads, or None for a newcomer
+    donors: dict  # newcomer -> donor rank
+    previous: list | None  # the members of the snapshot (None: fresh start)
+
+
+def plan(hosts: Sequence[str], listings: Mapping[str, Mapping[int, Sequence[int]]],
+         every: int) -> _Plan:
+    """Who resumes what, from each rank's host (``hosts[r]``) and each host's
+    snapshot listing; pure, the same on every rank (see the module's steps)."""
+    latest = {(h, m): max(steps) for h, listing in listings.items()
+              for m, steps in listing.items() if steps}
+    size = len(hosts)
+    ids_seen = [m for _, m in latest]
+    if not latest:
+        return _Plan(0, list(range(size)), [None] * size, {}, None)
+    newest = max(latest.values())
+    current = {key: s for key, s in latest.items() if s >= newest - every}
+    step = min(current.values())
+    members: list[int | None] = [None] * size
+    snapshots: list = [None] * size
+    for host in dict.fromkeys(hosts):
+        ranks = [r for r in range(size) if hosts[r] == host]
+        available = sorted(m for h, m in current if h == host
+                           and step in listings[h][m])
+        for r, m in zip(ranks, available):
+            members[r], snapshots[r] = m, (host, m)
+    resumed = [r for r in range(size) if snapshots[r] is not None]
+    if not resumed:
+        return _Plan(0, list(range(size)), [None] * size, {}, None)
+    fresh_id = max(ids_seen) + 1
+    donors = {}
+    for r in range(size):
+        if members[r] is None:
+            members[r], fresh_id = fresh_id, fresh_id + 1
+            donors[r] = next(d for d in ((r - k) % size for k in range(1, size + 1))
+                             if d in resumed)
+    return _Plan(step, members, snapshots, donors, None)
+
+
+# --- the state -------------------------------------------------------------------------------
+
+class _Simulation:
+    """What :func:`simulate` hands the :class:`State` of the program it runs."""
+
+    def __init__(self, agents: int, changes: Mapping[int, Change]):
+        self.members = list(range(agents))
+        self.changes = dict(changes)
+        self.snapshot: tuple | None = None  # (step, members, {key: stacked array})
+        self.resumed: list[Resumed] = []
+
+
+_simulation: _Simulation | None = None
+
+
+class _Stop(Exception):
+    """Raised by :meth:`State.steps` in :func:`simulate` at a membership change."""
+
+
+class State:
+    """A training state that survives restarts, and the loop that snapshots it.
+
+    Construct it with the program's fresh values (any pytrees of arrays, by
+    keyword) after everything that depends on the number of ranks is built;
+    construction is collective. It resumes (see the module's docstring) and
+    its attributes then hold the resumed values: ``state.params`` etc. Assign
+    them in the loop; :meth:`steps` snapshots them every ``every`` steps.
+
+    Args:
+      every: steps between snapshots (also the most steps a restart redoes).
+      directory: where snapshots go (shared or per host; each rank writes under
+        its host's name). Default ``$JAXFOG_ELASTIC_DIR`` or ``./jaxfog_elastic``.
+      version: the program's version: ranks (and snapshots) of another version
+        are refused, as are values whose structure, shapes or dtypes differ.
+      **values: the state, e.g. ``params=..., opt_state=...``; ``params`` is what
+        ``exact_diffusion``'s invariant is restored from.
+
+    Attributes:
+      step: the step to run next (the resumed step after construction).
+      resumed: a :class:`Resumed` saying how it started.
+    """
+
+    def __init__(self, *, every: int = DEFAULT_EVERY, directory: str | os.PathLike | None = None,
+                 version: str = "", **values: Any):
+        self.__dict__["_names"] = tuple(values)
+        if not values:
+            raise ValueError(f"{_WHAT}: give the state as keyword arguments, e.g. "
+                             "State(params=params, opt_state=opt_state)")
+        self.every = V.integer(_WHAT, "every", every, minimum=1)
+        if not isinstance(version, str):
+            raise TypeError(f"{_WHAT}: version must be a str, got {type(version).__name__}")
+        self.version = version
+        directory = directory or os.environ.get(DIRECTORY_ENV) or "jaxfog_elastic"
+        self.directory = os.path.abspath(os.fspath(directory))
+        self._writer = _Writer()
+        self._fresh = dict(values)
+        self.__dict__.update(values)
+        if _simulation is not None:
+            self._resume_simulated(_simulation)
+        else:
+            self._resume()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_") or name in self._names or name in ("every", "version",
+                                                                   "directory", "step",
+                                                                   "resumed", "member"):
+            self.__dict__[name] = value
+        else:
+            raise AttributeError(f"{_WHAT} has no value {name!r} (it holds "
+                                 f"{', '.join(self._names)})")
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """The state's values by name."""
+        return {name: self.__dict__[name] for name in self._names}
+
+    # -- MPI processes (and one plain process) --
+
+    def _comm(self):
+        return runtime.communicator() if runtime.is_initialized() and runtime.size() > 1 \
+            else None
+
+    def _resume(self) -> None:
+        runtime.init()  # under a launcher: the job's ranks; else one process
+        comm = self._comm()
+        rank, size = (comm.Get_rank(), comm.Get_size()) if comm else (0, 1)
+        signature = _signature(self._fresh, self.version)
+        self._check_same(comm, signature)
+        host = socket.gethostname()
+        here = _host_directory(self.directory, host)
+        listing = _listing(here)
+        gathered = comm.allgather((host, listing)) if comm else [(host, listing)]
+        hosts = [h for h, _ in gathered]
+        plan_ = plan(hosts, dict(gathered), self.every)
+        self.step, self.member = plan_.step, plan_.members[rank]
+        self._here = here
+        restored = previous = None
+        if plan_.snapshots[rank] is not None:
+            meta, arrays = _read(os.path.join(here, f"member{self.member}.step{plan_.step}.npz"))
+            self._check_snapshot(meta, plan_.step)
+            previous = meta["members"]
+            restored = arrays
+        if comm is not None:  # the live copies, over MPI
+            for newcomer, donor in plan_.donors.items():
+                if rank == donor:
+                    comm.send((previous, restored), dest=newcomer, tag=_COPY_TAG)
+                if rank == newcomer:
+                    previous, restored = comm.recv(source=donor, tag=_COPY_TAG)
+        befores = comm.allgather(previous) if comm is not None else [previous]
+        changed = restored is not None and any(list(b) != list(plan_.members)
+                                               for b in befores)
+        if restored is not None:
+            self._restore(restored, changed)
+        self.resumed = Resumed(plan_.step, tuple(plan_.members), dict(plan_.donors), changed)
+        if restored is not None and rank == 0:
+            what = (f"{len(plan_.donors)} rank(s) copied from a neighbour; " if plan_.donors
+                    else "")
+            print(f"jaxfog.elastic: resumed at step {plan_.step} on {size} rank(s) "
+                  f"({what}members {'changed' if changed else 'unchanged'})", flush=True)
+
+    def _check_same(self, comm, signature: str) -> None:
+        if comm is None:
+            return
+        signatures = comm.allgather(signature)
+        differ = [r for r, s in enumerate(signatures) if s != signatures[0]]
+        if differ:
+            raise ValueError(
+                f"{_WHAT}: ranks {differ} hold a state (structure, shapes, dtypes or "
+                f"version) other than rank 0's; a joining host must run the job's program "
+                f"(rank 0: {signatures[0][:300]}; rank {differ[0]}: "
+                f"{signatures[differ[0]][:300]})")
+
+    def _check_snapshot(self, meta: dict, step: int) -> None:
+        if meta.get("version") != self.version:
+            raise ValueError(f"{_WHAT}: the snapshot of step {step} in {self._here} is of "
+                             f"version {meta.get('version')!r}, this program is "
+                             f"{self.version!r}")
+        if meta.get("every") != self.every:
+            raise ValueError(f"{_WHAT}: the snapshots in {self.directory} were taken every "
+                             f"{meta.get('every')} steps; this run says every={self.every} "
+                             "(the resume step is agreed from that interval)")
+
+    def _restore(self, arrays: Mapping[str, np.ndarray], changed: bool) -> None:
+        restored = _unflatten_like(arrays, self._fresh)
+        params = restored.get("params")
+        restored = _reconcile(restored, self._fresh, params, changed)
+        fresh_leaves = jax.tree_util.tree_flatten_with_path(self._fresh)[0]
+        done_leaves, treedef = jax.tree_util.tree_flatten(
+            restored, is_leaf=lambda x: x is None)
+        values = []
+        for (path, fresh), value in zip(fresh_leaves, done_leaves):
+            key = jax.tree_util.keystr(path)
+            if value is None:
+                raise ValueError(f"{_WHAT}: the snapshot has no value for {key}: the "
+                                 "program's state changed since it was taken")
+            if np.shape(value) != np.shape(fresh):
+                raise ValueError(f"{_WHAT}: {key} is {np.shape(value)} in the snapshot but "
+                                 f"{np.shape(fresh)} in this program (no rule restores it "
+                                 "for a new membership)")
+            dtype = fresh.dtype if hasattr(fresh, "dtype") else np.result_type(fresh)
+            values.append(jax.numpy.asarray(np.asarray(value, dtype=dtype)))
+        self.__dict__.update(jax.tree_util.tree_unflatten(
+            jax.tree_util.tree_structure(self._fresh), values))
+
+    def _snapshot(self) -> None:
+        arrays = _flatten(self.values)  # waits for the step that made them, not for later ones
+        meta = {"step": self.step, "every": self.every, "version": self.version,
+                "members": list(self.resumed.members)}
+        self._writer.write(self._here, self.member, self.step, meta, arrays)
+
+    # -- simulated agents --
+
+    def _resume_simulated(self, sim: _Simulation) -> None:
+        self.member = None
+        self.step = 0
+        changed = False
+        copied: dict[int, int] = {}
+        if sim.snapshot is not None:
+            step, before, arrays = sim.snapshot
+            after = sim.members
+            index = {m: i for i, m in enumerate(before)}
+            rows = []
+            for r, m in enumerate(after):
+                if m in index:
+                    rows.append(index[m])
+                else:
+                    donor = next(d for d in ((r - k) % len(after) for k in range(1, len(after) + 1))
+                                 if after[d] in index)
+                    copied[r] = donor
+                    rows.append(index[after[donor]])
+            changed = list(before) != list(after)
+            self.step = step
+            # One agent is one unstacked value (jaxfog.Agents(simulated=1) is a process's).
+            pick = (lambda v: v[rows[0]]) if len(after) == 1 else (lambda v: v[np.asarray(rows)])
+            self._restore({k: pick(np.asarray(v)) for k, v in arrays.items()}, changed)
+        self.resumed = Resumed(self.step, tuple(sim.members), copied, changed)
+        sim.resumed.append(self.resumed)
+
+    # -- the loop --
+
+    def steps(self, total: int) -> Iterator[int]:
+        """The steps from :attr:`step` to ``total`` - 1; after each, the state
+        is snapshotted when the step count is a multiple of ``every``."""
+        total = V.integer(f"{_WHAT}.steps", "total", total, minimum=0)
+        control = os.environ.get(CONTROL_ENV)
+        while self.step < total:
+            yield self.step
+            self.step += 1
+            if _simulation is not None:
+                if self.step in _simulation.changes and self.step < total:
+                    arrays = _flatten(self.values)
+                    if len(_simulation.members) == 1:  # unstacked: one agent's values
+                        arrays = {k: v[None] for k, v in arrays.items()}
+                    _simulation.snapshot = (self.step, list(_simulation.members), arrays)
+                    raise _Stop(self.step)
+                continue
+            if self.step % self.every == 0 or self.step == total:
+                self._snapshot()
+                if control and self._rescale_requested(control) and self.step < total:
+                    self._writer.wait()
+                    runtime.shutdown()
+                    raise SystemExit(RESCALE_EXIT_STATUS)
+        if _simulation is None:
+            self._writer.wait()
+
+    def _rescale_requested(self, control: str) -> bool:
+        comm = self._comm()
+        asked = os.path.exists(control) if comm is None or comm.Get_rank() == 0 else None
+        return bool(comm.bcast(asked, root=0)) if comm is not None else asked
+
+    def wait(self) -> None:
+        """Waits for the snapshot being written (``steps`` does at its end)."""
+        self._writer.wait()
+
+
+# --- churn on simulated agents ---------------------------------------------------------------
+
+def simulate(program: Callable[[int], Any], agents: int,
+             changes: Mapping[int, Change | Mapping[str, Any]] | None = None) -> Any:
+    """Runs ``program(n)`` on ``n`` simulated agents with membership changes.
+
+    ``program(n)`` is the whole training script for ``n`` agents (it builds its
+    agents, e.g. ``jaxfog.Agents(simulated=n)``, its topology and optimizer,
+    a :class:`State` of stacked values, and loops over ``state.steps``). At
+    each step ``s`` of ``changes`` the loop stops, the agents of
+    ``Change.leave`` (by member id) leave, ``Change.join`` agents join at the
+    end, and ``program`` runs again for the new number of agents: its
+    :class:`State` resumes at ``s`` as MPI ranks resume from a snapshot of
+    step ``s`` (newcomers copied from the nearest remaining agent below them,
+    invariants restored). An empty ``Change()`` is a restart with the same
+    members (exchanges in flight dropped, as on MPI processes).
+
+    Returns:
+      ``program``'s return value of the last run, and each run's
+      :class:`Resumed`: ``(result, [Resumed, ...])``.
+    """
+    global _simulation
+    agents = V.integer("jaxfog.elastic.simulate", "agents", agents, minimum=1)
+    schedule = {}
+    for step, change in (changes or {}).items():
+        step = V.integer("jaxfog.elastic.simulate", "step", step, minimum=1)
+        schedule[step] = change if isinstance(change, Change) else Change(**change)
+    if _context.current() is not None or _simulation is not None:
+        raise RuntimeError("jaxfog.elastic.simulate: already running")
+    sim = _Simulation(agents, schedule)
+    next_id = agents
+    _simulation = sim
+    try:
+        while True:
+            try:
+                result = program(len(sim.members))
+                return result, sim.resumed
+            except _Stop as stop:
+                step = stop.args[0]
+                change = schedule.pop(step)
+                unknown = set(change.leave) - set(sim.members)
+                if unknown:
+                    raise ValueError(f"jaxfog.elastic.simulate: step {step}: members "
+                                     f"{sorted(unknown)} are not in the run "
+                                     f"({sim.members})") from None
+                members = [m for m in sim.members if m not in set(change.leave)]
+                members += list(range(next_id, next_id + change.join))
+                next_id += change.join
+                if not members:
+                    raise ValueError(f"jaxfog.elastic.simulate: step {step}: no agent "
+                                     "is left") from None
+                if len(members) == 1:
+                    warnings.warn("jaxfog.elastic.simulate: one agent is left; it goes on "
+                                  "alone", RuntimeWarning)
+                sim.members = members
+    finally:
+        _simulation = None
+
+
+__all__ = ["CONTROL_ENV", "Change", "DIRECTORY_ENV", "RESCALE_EXIT_STATUS", "RESTART_ENV",
+           "Resumed", "RULES", "State", "plan", "simulate"]
