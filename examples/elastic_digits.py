@@ -14,8 +14,8 @@ Options: ``--method`` (atc, gradient_allreduce, gradient_tracking,
 exact_diffusion, push_sum, choco, diloco, streaming_diloco, noloco, awc_delay),
 ``--steps``, ``--every`` (steps between snapshots), ``--out FILE.npz`` (rank 0,
 or the simulation, writes the final parameters of every agent and the test
-accuracy), ``--kill RANK:STEP`` (that rank kills itself at that step in the
-first launch: the test of a lost rank), ``--nnx`` (the same model in Flax NNX).
+accuracy), ``--kill RANK:STEP:LAUNCH,...`` (that rank kills itself at that step
+in that launch, 0 the first: the tests of lost ranks).
 """
 
 from __future__ import annotations
@@ -103,10 +103,11 @@ def main(simulated: int = 4, method: str = "atc", steps: int = 60, every: int = 
 
     # The two changes for elastic training: the state, and its steps.
     state = je.State(params=params, opt_state=opt_state, every=every, directory=directory)
-    kill_rank, kill_step = map(int, kill.split(":")) if kill else (-1, -1)
+    launch = int(os.environ.get(je.RESTART_ENV, "0"))   # set by jaxfog run --max-restarts
+    kills = {tuple(map(int, k.split(":")[::2])): int(k.split(":")[1])
+             for k in (kill.split(",") if kill else [])}   # (rank, launch) -> step
     for step in state.steps(steps):
-        if (step == kill_step and not agents.simulated and jf.rank() == kill_rank
-                and os.environ.get(je.RESTART_ENV, "0") == "0"):
+        if not agents.simulated and kills.get((jf.rank(), launch)) == step:
             os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
         state.params, state.opt_state, loss = train_step(state.params, state.opt_state,
                                                          x, y, jnp.int32(step))

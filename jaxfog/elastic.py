@@ -231,6 +231,12 @@ def _read(path: str) -> tuple[dict, dict[str, np.ndarray]]:
         return meta, {key: data[f"a{i}"] for i, key in enumerate(meta["keys"])}
 
 
+def _roster(path: str) -> list[int]:
+    """The members of the run that wrote the snapshot at ``path``."""
+    with np.load(path, allow_pickle=False) as data:
+        return list(json.loads(str(data["__jaxfog_meta__"]))["members"])
+
+
 class _Writer:
     """Writes snapshots in a background thread, one at a time, atomically
     (a temporary file renamed), keeping this member's newest two."""
@@ -282,9 +288,12 @@ class _Plan(NamedTuple):
 
 
 def plan(hosts: Sequence[str], listings: Mapping[str, Mapping[int, Sequence[int]]],
-         every: int) -> _Plan:
-    """Who resumes what, from each rank's host (``hosts[r]``) and each host's
-    snapshot listing; pure, the same on every rank (see the module's steps)."""
+         every: int, rosters: Mapping[tuple, Sequence[int]] | None = None) -> _Plan:
+    """Who resumes what, from each rank's host (``hosts[r]``), each host's
+    snapshot listing (``{host: {member: steps}}``) and the members of the run
+    that wrote each member's latest snapshot (``rosters[(host, member)]``; by
+    default every member listed); pure, the same on every rank (see the
+    module's steps)."""
     latest = {(h, m): max(steps) for h, listing in listings.items()
               for m, steps in listing.items() if steps}
     size = len(hosts)
@@ -292,7 +301,12 @@ def plan(hosts: Sequence[str], listings: Mapping[str, Mapping[int, Sequence[int]
     if not latest:
         return _Plan(0, list(range(size)), [None] * size, {}, None)
     newest = max(latest.values())
-    current = {key: s for key, s in latest.items() if s >= newest - every}
+    # The members of the last run: those its newest snapshots list. A member
+    # left out of that run (its host gone then, back now) is stale.
+    last_run = {m for key, s in latest.items() if s == newest
+                for m in (rosters or {}).get(key, [key[1]])} if rosters else set(ids_seen)
+    current = {key: s for key, s in latest.items()
+               if s >= newest - every and key[1] in last_run}
     step = min(current.values())
     members: list[int | None] = [None] * size
     snapshots: list = [None] * size
@@ -406,9 +420,13 @@ class State:
         host = socket.gethostname()
         here = _host_directory(self.directory, host)
         listing = _listing(here)
-        gathered = comm.allgather((host, listing)) if comm else [(host, listing)]
-        hosts = [h for h, _ in gathered]
-        plan_ = plan(hosts, dict(gathered), self.every)
+        rosters = {(host, m): _roster(os.path.join(here, f"member{m}.step{steps[-1]}.npz"))
+                   for m, steps in listing.items()}
+        gathered = comm.allgather((host, listing, rosters)) if comm else [
+            (host, listing, rosters)]
+        hosts = [h for h, _, _ in gathered]
+        everyone = {key: r for _, _, found in gathered for key, r in found.items()}
+        plan_ = plan(hosts, {h: found for h, found, _ in gathered}, self.every, everyone)
         self.step, self.member = plan_.step, plan_.members[rank]
         self._here = here
         restored = previous = None

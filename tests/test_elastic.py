@@ -151,3 +151,14 @@ def test_bad_input_is_refused(tmp_path):
         je.simulate(_quadratic_program("atc", steps=20), 2, {5: je.Change(leave=[0, 1])})
     with pytest.warns(RuntimeWarning, match="one agent is left"):
         je.simulate(_quadratic_program("atc", steps=20), 2, {5: je.Change(leave=[1])})
+
+
+def test_plan_leaves_out_a_member_the_last_run_did_not_have():
+    """Member 3 sat out the last run (its slot was gone) but its files, one
+    interval older, are still on the host: the run's snapshots do not list it."""
+    listings = {"a": {0: [20, 30], 1: [20, 30], 2: [20, 30], 3: [10, 20]}}
+    rosters = {("a", m): [0, 1, 2] for m in range(3)} | {("a", 3): [0, 1, 2, 3]}
+    plan = je.plan(["a"] * 4, listings, every=10, rosters=rosters)
+    assert plan.step == 30 and plan.members == [0, 1, 2, 4] and plan.donors == {3: 2}
+    # without the rosters it would have been taken back, at the older step
+    assert je.plan(["a"] * 4, listings, every=10).step == 20

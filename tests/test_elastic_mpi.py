@@ -1,0 +1,145 @@
+"""Elastic runs on MPI processes (``jaxfog run --max-restarts``, the default
+MPICH): a rank SIGKILLed mid-run, the job relaunched by ``jaxfog run`` itself,
+every rank resumed from its snapshot, against the same program on simulated
+agents with the same membership changes (``jaxfog.elastic.simulate``). The
+digits program of ``examples/elastic_digits.py``, in float32.
+
+A host lost, or a new one, is a change of the hosts a launch gets: here a
+``--host-discovery-script`` says how many slots this machine offers at each
+launch (the whole-host case across network namespaces is in
+``test_cluster_netns.py``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxfog.testing import launch_environment, run_command
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAM = ROOT / "examples" / "elastic_digits.py"
+STEPS, EVERY = 40, 10
+
+
+def _program():
+    spec = importlib.util.spec_from_file_location("elastic_digits", PROGRAM)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _discovery(tmp_path: Path, slots: list[int]) -> Path:
+    """A discovery script giving this machine ``slots[k]`` slots at its k-th
+    call (the last entry thereafter): one call per launch here."""
+    script = tmp_path / "discover.sh"
+    script.write_text(f"""#!/bin/sh
+count=$(cat {tmp_path}/calls 2>/dev/null || echo 0)
+echo $((count + 1)) > {tmp_path}/calls
+set -- {' '.join(map(str, slots))}
+shift $(( count < $# - 1 ? count : $# - 1 ))
+echo "{socket.gethostname()}:$1"
+""")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script
+
+
+def _launch(tmp_path, *, np_, method="atc", kill="", discovery=None, restarts=2,
+            env=None, timeout=300):
+    out = tmp_path / "out.npz"
+    command = [sys.executable, "-m", "jaxfog.cli", "run", "-np", str(np_),
+               "--max-restarts", str(restarts)]
+    if discovery:
+        command += ["--host-discovery-script", str(discovery)]
+    command += ["--", sys.executable, str(PROGRAM), "--method", method, "--steps", str(STEPS),
+                "--every", str(EVERY), "--out", str(out), "--directory",
+                str(tmp_path / "snapshots")]
+    if kill:
+        command += ["--kill", kill]
+    result = run_command(command, timeout=timeout, env=launch_environment(
+        {"JAXFOG_DISCOVERY_INTERVAL": "100000", **(env or {})}))
+    assert result.ok, result.report()
+    return dict(np.load(out)), result.output
+
+
+def _simulated(method, agents, changes):
+    import jaxfog.elastic as je
+
+    (everyone, accuracy), resumed = je.simulate(
+        lambda n: _program().main(n, method, STEPS, EVERY), agents, changes)
+    return jax.tree.leaves(everyone), accuracy, resumed
+
+
+def _assert_same(mpi, simulated):
+    leaves, accuracy, _ = simulated
+    assert int(mpi["agents"]) == leaves[0].shape[0]
+    for i, leaf in enumerate(leaves):
+        assert mpi[f"p{i}"].dtype == np.float32
+        np.testing.assert_allclose(mpi[f"p{i}"], np.asarray(leaf), rtol=2e-4, atol=2e-5)
+    assert abs(float(mpi["accuracy"]) - accuracy) <= 2 / 360
+
+
+def test_a_killed_rank_is_relaunched_and_the_run_equals_the_uninterrupted_one(tmp_path):
+    """Rank 3 SIGKILLed at step 23: MPICH ends the job, ``jaxfog run``
+    relaunches it on the same 4 slots, every rank resumes at step 20 with the
+    same members, and the result is the uninterrupted run's (atc on the
+    one-peer schedule)."""
+    mpi, output = _launch(tmp_path, np_=4, kill="3:23:0")
+    assert "restart 1 of 2" in output and "resumed at step 20 on 4 rank(s)" in output
+    assert "members unchanged" in output
+    _assert_same(mpi, _simulated("atc", 4, {}))
+
+
+def test_a_lost_rank_and_two_failures_in_a_row_equal_the_simulated_churn(tmp_path):
+    """Launch 0: 4 slots, rank 3 killed at step 23. Launch 1: 3 slots (its
+    member is lost), resumed at 20; rank 1 killed at step 35. Launch 2: 4
+    slots again, resumed at 30, rank 3 a newcomer with rank 2's live copy.
+    gradient tracking (its tracker restored at each change) equals the
+    simulation with agent 3 leaving at step 20 and one joining at 30."""
+    mpi, output = _launch(tmp_path, np_=4, method="gradient_tracking",
+                          kill="3:23:0,1:35:1", discovery=_discovery(tmp_path, [4, 3, 4]))
+    assert "resumed at step 20 on 3 rank(s)" in output, output
+    assert "resumed at step 30 on 4 rank(s) (1 rank(s) copied from a neighbour" in output
+    import jaxfog.elastic as je
+
+    simulated = _simulated("gradient_tracking", 4, {20: je.Change(leave=[3]),
+                                                   30: je.Change(join=1)})
+    assert [r.members for r in simulated[2]][-1] == (0, 1, 2, 4)
+    _assert_same(mpi, simulated)
+
+
+def test_a_host_that_appears_joins_at_the_next_snapshot_without_a_failure(tmp_path):
+    """The discovery script offers a fifth slot from its second call on, made
+    while the first launch starts (every 0.5 s): the job stops at its first
+    snapshot, step 10 (exit status 75 on every rank, not counted as a failure:
+    --max-restarts 0), and is relaunched on 5 ranks, the newcomer with rank
+    3's state. DiLoCo equals the simulation with one agent joining at step 10."""
+    mpi, output = _launch(tmp_path, np_=5, method="diloco", restarts=0,
+                          discovery=_discovery(tmp_path, [4, 5]),
+                          env={"JAXFOG_DISCOVERY_INTERVAL": "0.5"})
+    assert "the job stopped to take in new hosts" in output, output
+    assert "resumed at step 10 on 5 rank(s) (1 rank(s) copied from a neighbour" in output
+    import jaxfog.elastic as je
+
+    _assert_same(mpi, _simulated("diloco", 4, {10: je.Change(join=1)}))
+
+
+def test_more_failures_than_allowed_end_the_run_with_the_failure(tmp_path):
+    out = tmp_path / "out.npz"
+    command = [sys.executable, "-m", "jaxfog.cli", "run", "-np", "2", "--max-restarts", "1",
+               "--", sys.executable, str(PROGRAM), "--steps", "30", "--every", "10",
+               "--agents", "2", "--out", str(out), "--directory", str(tmp_path / "s"),
+               "--kill", "1:5:0,0:15:1"]
+    result = run_command(command, timeout=240, env=launch_environment())
+    assert result.returncode not in (0, None), result.report()
+    assert "restart 1 of 1" in result.output
+    assert "--max-restarts 1 are spent; giving up" in result.output
+    assert not out.exists()
+    assert os.path.exists(tmp_path / "s")
