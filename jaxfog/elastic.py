@@ -80,8 +80,9 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from jaxfog import _context, runtime
+from jaxfog import runtime
 from jaxfog import _validate as V
+from jaxfog.errors import JaxfogError, MembershipChange
 from jaxfog.ops.nonblocking import Handle
 from jaxfog.optax import _common
 from jaxfog.optax.compressed import BeerState, ChocoState
@@ -279,7 +280,9 @@ class _Writer:
 
 # --- who resumes what ---------------------------------------------------------------------
 
-class _Plan(NamedTuple):
+class Plan(NamedTuple):
+    """What :func:`plan` decides: the resume step, each rank's member, what it loads."""
+
     step: int
     members: list  # member id of each rank
     snapshots: list  # (host, member) each rank loads, or None for a newcomer
@@ -288,7 +291,7 @@ class _Plan(NamedTuple):
 
 
 def plan(hosts: Sequence[str], listings: Mapping[str, Mapping[int, Sequence[int]]],
-         every: int, rosters: Mapping[tuple, Sequence[int]] | None = None) -> _Plan:
+         every: int, rosters: Mapping[tuple, Sequence[int]] | None = None) -> Plan:
     """Who resumes what, from each rank's host (``hosts[r]``), each host's
     snapshot listing (``{host: {member: steps}}``) and the members of the run
     that wrote each member's latest snapshot (``rosters[(host, member)]``; by
@@ -299,7 +302,7 @@ def plan(hosts: Sequence[str], listings: Mapping[str, Mapping[int, Sequence[int]
     size = len(hosts)
     ids_seen = [m for _, m in latest]
     if not latest:
-        return _Plan(0, list(range(size)), [None] * size, {}, None)
+        return Plan(0, list(range(size)), [None] * size, {}, None)
     newest = max(latest.values())
     # The members of the last run: those its newest snapshots list. A member
     # left out of that run (its host gone then, back now) is stale.
@@ -318,7 +321,7 @@ def plan(hosts: Sequence[str], listings: Mapping[str, Mapping[int, Sequence[int]
             members[r], snapshots[r] = m, (host, m)
     resumed = [r for r in range(size) if snapshots[r] is not None]
     if not resumed:
-        return _Plan(0, list(range(size)), [None] * size, {}, None)
+        return Plan(0, list(range(size)), [None] * size, {}, None)
     fresh_id = max(ids_seen) + 1
     donors = {}
     for r in range(size):
@@ -326,12 +329,12 @@ def plan(hosts: Sequence[str], listings: Mapping[str, Mapping[int, Sequence[int]
             members[r], fresh_id = fresh_id, fresh_id + 1
             donors[r] = next(d for d in ((r - k) % size for k in range(1, size + 1))
                              if d in resumed)
-    return _Plan(step, members, snapshots, donors, None)
+    return Plan(step, members, snapshots, donors, None)
 
 
 # --- the state -------------------------------------------------------------------------------
 
-class _Simulation:
+class _Churn:
     """What :func:`simulate` hands the :class:`State` of the program it runs."""
 
     def __init__(self, agents: int, changes: Mapping[int, Change]):
@@ -341,11 +344,7 @@ class _Simulation:
         self.resumed: list[Resumed] = []
 
 
-_simulation: _Simulation | None = None
-
-
-class _Stop(Exception):
-    """Raised by :meth:`State.steps` in :func:`simulate` at a membership change."""
+_churn: _Churn | None = None
 
 
 class State:
@@ -386,8 +385,8 @@ class State:
         self._writer = _Writer()
         self._fresh = dict(values)
         self.__dict__.update(values)
-        if _simulation is not None:
-            self._resume_simulated(_simulation)
+        if _churn is not None:
+            self._resume_in_churn(_churn)
         else:
             self._resume()
 
@@ -505,7 +504,7 @@ class State:
 
     # -- simulated agents --
 
-    def _resume_simulated(self, sim: _Simulation) -> None:
+    def _resume_in_churn(self, sim: _Churn) -> None:
         self.member = None
         self.step = 0
         changed = False
@@ -541,13 +540,13 @@ class State:
         while self.step < total:
             yield self.step
             self.step += 1
-            if _simulation is not None:
-                if self.step in _simulation.changes and self.step < total:
+            if _churn is not None:
+                if self.step in _churn.changes and self.step < total:
                     arrays = _flatten(self.values)
-                    if len(_simulation.members) == 1:  # unstacked: one agent's values
+                    if len(_churn.members) == 1:  # unstacked: one agent's values
                         arrays = {k: v[None] for k, v in arrays.items()}
-                    _simulation.snapshot = (self.step, list(_simulation.members), arrays)
-                    raise _Stop(self.step)
+                    _churn.snapshot = (self.step, list(_churn.members), arrays)
+                    raise MembershipChange(self.step)
                 continue
             if self.step % self.every == 0 or self.step == total:
                 self._snapshot()
@@ -555,7 +554,7 @@ class State:
                     self._writer.wait()
                     runtime.shutdown()
                     raise SystemExit(RESCALE_EXIT_STATUS)
-        if _simulation is None:
+        if _churn is None:
             self._writer.wait()
 
     def _rescale_requested(self, control: str) -> bool:
@@ -589,23 +588,23 @@ def simulate(program: Callable[[int], Any], agents: int,
       ``program``'s return value of the last run, and each run's
       :class:`Resumed`: ``(result, [Resumed, ...])``.
     """
-    global _simulation
+    global _churn
     agents = V.integer("jaxfog.elastic.simulate", "agents", agents, minimum=1)
     schedule = {}
     for step, change in (changes or {}).items():
         step = V.integer("jaxfog.elastic.simulate", "step", step, minimum=1)
         schedule[step] = change if isinstance(change, Change) else Change(**change)
-    if _context.current() is not None or _simulation is not None:
-        raise RuntimeError("jaxfog.elastic.simulate: already running")
-    sim = _Simulation(agents, schedule)
+    if _churn is not None:
+        raise JaxfogError("jaxfog.elastic.simulate: already running (it does not nest)")
+    sim = _Churn(agents, schedule)
     next_id = agents
-    _simulation = sim
+    _churn = sim
     try:
         while True:
             try:
                 result = program(len(sim.members))
                 return result, sim.resumed
-            except _Stop as stop:
+            except MembershipChange as stop:
                 step = stop.args[0]
                 change = schedule.pop(step)
                 unknown = set(change.leave) - set(sim.members)
@@ -624,8 +623,8 @@ def simulate(program: Callable[[int], Any], agents: int,
                                   "alone", RuntimeWarning)
                 sim.members = members
     finally:
-        _simulation = None
+        _churn = None
 
 
 __all__ = ["CONTROL_ENV", "Change", "DIRECTORY_ENV", "RESCALE_EXIT_STATUS", "RESTART_ENV",
-           "Resumed", "RULES", "State", "plan", "simulate"]
+           "Plan", "Resumed", "RULES", "State", "plan", "simulate"]

@@ -49,9 +49,16 @@ class TimelineError(JaxfogError, ValueError):
     """An input is not a timeline, or two inputs are the same rank."""
 
 
+class MembershipChange(JaxfogError):
+    """Raised by ``jaxfog.elastic.State.steps`` inside
+    :func:`jaxfog.elastic.simulate` at a step where membership changes; that
+    function catches it and runs the program again for the new members."""
+
+
 class TopologyWarning(UserWarning):
     """Warning for a suspicious but legal topology (e.g. not strongly connected)."""
 
 
 __all__ = ["BackendError", "FfiLibraryError", "HandleError", "JaxCompatError", "JaxfogError",
-           "JaxfogTimeoutError", "NotInitializedError", "TimelineError", "TopologyWarning"]
+           "JaxfogTimeoutError", "MembershipChange", "NotInitializedError", "TimelineError",
+           "TopologyWarning"]

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from jaxfog.errors import JaxfogError
+
 #: Overrides which mpiexec is used (e.g. a cluster's system MPI).
 MPIEXEC_ENV = "JAXFOG_MPIEXEC"
 #: XLA flags that keep one rank on one CPU thread.
@@ -369,7 +371,7 @@ def discover_hosts(script: str, env: Mapping[str, str], timeout: float) -> dict[
     out = subprocess.run([script], capture_output=True, text=True, timeout=timeout,
                          env=dict(env))
     if out.returncode:
-        raise RuntimeError(f"host discovery script {script} failed (exit status "
+        raise JaxfogError(f"host discovery script {script} failed (exit status "
                            f"{out.returncode}): {out.stderr.strip()}")
     return parse_hosts(out.stdout)
 
