@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from jaxfog import _context, ffi
+from jaxfog import _context, _interrupt, ffi
 from jaxfog.ffi import _nccl_setup
 from jaxfog import _validate as V
 from jaxfog import topology as T
@@ -344,6 +344,7 @@ def init(topology: T.Topology | Any | None = None) -> None:
     peers_comm.Set_name("jaxfog.peers")
     try:
         _watch_peers(lib, peers_comm, warn_after)  # before the transports, which use it
+        _interrupt.catch(lib)  # Ctrl-C ends an op's wait for a peer (jaxfog/_interrupt.py)
         local_rank, local_size, machine_rank, machine_size, homogeneous = _machine_layout(comm)
         rank = comm.Get_rank()
         # Communicator set-up is collective: all of it happens here, never in an op.

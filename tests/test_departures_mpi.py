@@ -301,3 +301,153 @@ def test_a_rank_that_left_after_a_failed_op_is_named_so():
                 "op #2 (neighbor_allreduce) on this communicator, and this op waits for it. "
                 "It never called this op: an op of its had failed") in str(failure.value)
     jf.shutdown()
+
+
+SIGINT_RANK = """
+import os, signal, sys, time
+
+import jax.numpy as jnp
+import numpy as np
+import jaxfog as jf
+
+directory, case = sys.argv[1], sys.argv[2]
+if case == "own handler":
+    signal.signal(signal.SIGINT, lambda *_: print("rank 0: own handler ran", flush=True))
+jf.init()
+r = jf.rank()
+ring = dict(self_weight=0.5, src_weights={1 - r: 0.5}, dst_weights=[1 - r])
+y = jf.neighbor_allreduce(jnp.ones(3), **ring)  # op #1: both joined
+if r == 1:
+    if case == "in a wait":  # never joins op #2: waits until rank 0 is done
+        start = time.monotonic()
+        while not os.path.exists(os.path.join(directory, "done")):
+            assert time.monotonic() - start < 200
+            time.sleep(0.1)
+        os._exit(0)  # MPI_Finalize would wait for rank 0's abandoned op
+    if case == "own handler":
+        time.sleep(4)  # rank 0's op #2 waits through its SIGINT
+    np.testing.assert_allclose(jf.neighbor_allreduce(jnp.full(3, 2.0), **ring), 3.0)
+    sys.exit(0)
+with open(os.path.join(directory, "pid"), "w") as f:
+    f.write(str(os.getpid()))
+try:
+    if case == "between ops":
+        time.sleep(120)
+    y = jf.neighbor_allreduce(jnp.full(3, 4.0), **ring)
+    np.testing.assert_allclose(y, 3.0)
+    print("rank 0: op #2 done", flush=True)
+except KeyboardInterrupt as error:
+    print(f"rank 0: KeyboardInterrupt at {time.monotonic():.3f}: {error!r}", flush=True)
+    if case == "between ops":  # as before: the ops go on
+        np.testing.assert_allclose(jf.neighbor_allreduce(jnp.full(3, 4.0), **ring), 3.0)
+        print("rank 0: op #2 done after it", flush=True)
+open(os.path.join(directory, "done"), "w").close()
+if case == "in a wait":
+    os._exit(0)  # the communicator is unusable after an interrupted op
+"""
+
+
+@pytest.mark.parametrize("case", ["in a wait", "between ops", "own handler"])
+def test_sigint_during_a_wait_is_a_keyboard_interrupt_naming_the_op(tmp_path, case):
+    """Ctrl-C while an op waits for a peer that never comes: a KeyboardInterrupt
+    naming the op at once, not at JAXFOG_TIMEOUT (Python alone would run its
+    handler only once the op returns). Between ops, Python's plain
+    KeyboardInterrupt, and the ops go on. A program's own SIGINT handler is
+    left to run (the op then waits on)."""
+    import signal
+
+    script = tmp_path / "rank.py"
+    script.write_text(SIGINT_RANK)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAXFOG_TIMEOUT": "600",
+           "PYTHONUNBUFFERED": "1"}
+    command = launcher.build_command([sys.executable, str(script), str(tmp_path), case], 2,
+                                     env=env)
+    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    try:
+        pid_file = tmp_path / "pid"
+        deadline = time.monotonic() + 200
+        while not pid_file.exists() or not pid_file.read_text():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
+            time.sleep(0.1)
+        time.sleep(1.5)  # inside op #2's wait (or the sleep between ops)
+        sent = time.monotonic()  # CLOCK_MONOTONIC: the ranks' clock too
+        os.kill(int(pid_file.read_text()), signal.SIGINT)
+        output = job.communicate(timeout=120)[0]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, output
+    caught = [line for line in output.splitlines() if "rank 0: KeyboardInterrupt at" in line]
+    if case == "own handler":
+        assert "rank 0: own handler ran" in output and "rank 0: op #2 done" in output, output
+        assert not caught and "SIGINT" not in output, output
+        return
+    assert len(caught) == 1, output
+    at, error = caught[0].split("rank 0: KeyboardInterrupt at ")[1].split(": ", 1)
+    assert float(at) - sent < 3, output  # at once, not at the timeout
+    if case == "between ops":
+        assert error == "KeyboardInterrupt()", output
+        assert "rank 0: op #2 done after it" in output, output
+        return
+    assert error == (
+        'KeyboardInterrupt("jaxfog neighbor_allreduce (op #2 on rank 0): interrupted (SIGINT) '
+        "while waiting for the header from rank 1; its messages are abandoned half-way, so "
+        "jaxfog's communication in this process may be unusable now: end the program\")"), \
+        output
+    assert "op #2 done" not in output, output
+
+
+@mpi_test(nprocs=(3,), env={"JAXFOG_TIMEOUT": "300"}, timeout=240)
+def test_window_ops_towards_a_rank_that_left_fail_at_once_naming_it():
+    """Rank 2 shuts down (its goodbye, then the collective free of its window,
+    where it waits for the others): a put, an accumulate, a get or a mutex
+    towards it fails at once naming the op and the rank; towards rank 1, the
+    window works on."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog as jf
+    import jaxfog.topology as T
+
+    jf.init(topology=T.fully_connected(3))
+    r = jf.rank()
+    jf.win_create(jnp.zeros(4), "w", zero_init=True)
+    if r == 2:
+        jf.shutdown()
+        return
+    time.sleep(2)  # rank 2's goodbye has arrived
+    left = ("rank 2 has left: it called jaxfog.shutdown(); its window goes with it, so jaxfog "
+            "accesses it no more")
+    calls = {
+        "win_put (rank {r} to rank 2)":
+            lambda: jf.win_put(jnp.ones(4), "w", dst_weights={2: 1.0}),
+        "win_accumulate (rank {r} to rank 2)":
+            lambda: jf.win_accumulate(jnp.ones(4), "w", dst_weights={2: 1.0}),
+        "win_get (rank {r} from rank 2)":
+            lambda: jf.win_get("w", src_weights={2: 1.0}),
+        "win_mutex (rank {r} taking the mutex of rank 2)":
+            lambda: jf.win_mutex("w", ranks=[2]).__enter__(),
+    }
+    for op, call in calls.items():
+        start = time.monotonic()
+        with pytest.raises(Exception) as failure:
+            jax_block(call())
+        assert time.monotonic() - start < 10, op
+        assert f"jaxfog {op.format(r=r)}: {left}" in str(failure.value), str(failure.value)
+    # Between the two that stay, the window works as before.
+    other = 1 - r
+    pair = dict(self_weight=0.5, src_weights={other: 0.5}, dst_weights=[other])
+    jf.neighbor_allreduce(jnp.ones(1), **pair)  # a barrier of the two
+    jf.win_put(jnp.full(4, float(r + 1)), "w", dst_weights={other: 1.0})
+    jf.neighbor_allreduce(jnp.ones(1), **pair)
+    y = jf.win_update(jnp.zeros(4), "w", self_weight=0.0, src_weights={other: 1.0})
+    np.testing.assert_allclose(y, float(other + 1))
+    jf.shutdown()
+
+
+def jax_block(value):
+    """Waits for a dispatched value (an op's error surfaces here)."""
+    import jax
+
+    return jax.block_until_ready(value)

@@ -540,3 +540,72 @@ def test_an_mpi_call_that_never_returns_ends_the_process_saying_where(tmp_path, 
         "returned after 2.5 s (JAXFOG_TIMEOUT + 2 s): MPI is stuck, a peer died or cannot be "
         "reached; ending this process with status 1\n"), done.stderr
     assert seconds > 2.4, seconds  # not before the limit
+
+
+INTERRUPT_TEST = CHECK + r"""
+#include <signal.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+
+#include "peer_watch.h"
+
+std::atomic<int> python_ran{0};  // stands for Python's C handler (trips KeyboardInterrupt)
+void Python(int) { python_ran.fetch_add(1); }
+
+int main() {
+  // SIG_DFL: no handler to chain to, SIGINT left as it is.
+  CHECK(!jaxfog::CatchInterrupts());
+  struct sigaction python;
+  std::memset(&python, 0, sizeof(python));
+  python.sa_handler = &Python;
+  python.sa_flags = SA_ONSTACK;  // Python's flags: no SA_RESTART
+  sigemptyset(&python.sa_mask);
+  CHECK(sigaction(SIGINT, &python, nullptr) == 0);
+  CHECK(jaxfog::CatchInterrupts());
+  CHECK(jaxfog::CatchInterrupts());  // once only: not chained to itself
+  struct sigaction now;
+  CHECK(sigaction(SIGINT, nullptr, &now) == 0);
+  CHECK((now.sa_flags & SA_SIGINFO) && !(now.sa_flags & SA_RESTART));
+  {
+    const jaxfog::EndableWait wait;
+    CHECK(!wait.Interrupted());
+    raise(SIGINT);
+    CHECK(python_ran.load() == 1);  // Python's handler still runs, once
+    CHECK(wait.Interrupted());      // and the wait in flight sees it
+  }
+  raise(SIGINT);  // between waits: Python's handler alone matters
+  CHECK(python_ran.load() == 2);
+  const jaxfog::EndableWait later;
+  CHECK(!later.Interrupted());  // a signal before a wait does not end it
+  const xla::ffi::Error error = jaxfog::InterruptedError(
+      "jaxfog allreduce (op #3 on rank 1)", "the other ranks");
+  CHECK(error.message() == "jaxfog allreduce (op #3 on rank 1): interrupted (SIGINT) while "
+                           "waiting for the other ranks; its messages are abandoned half-way, "
+                           "so jaxfog's communication in this process may be unusable now: "
+                           "end the program");
+  CHECK(jaxfog::CommFailed());  // the exit is bounded after it
+  std::printf("ok\n");
+  return 0;
+}
+"""
+
+
+def test_sigint_handler_chains_to_pythons_and_ends_only_waits_in_flight(tmp_path):
+    """The SIGINT handler goes in only in front of a handler (Python's), which
+    still runs on every signal; a wait in flight sees the signal, a wait begun
+    after it does not; the error names the op and says it was interrupted."""
+    from jaxfog import ffi
+
+    mpicxx, _ = ffi.mpi_tools()
+    assert mpicxx, "no MPI compiler wrapper for the library's MPI"
+    binary = tmp_path / "main"
+    (tmp_path / "main.cc").write_text(INTERRUPT_TEST)
+    built = subprocess.run(
+        [mpicxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-pthread", "-I", str(FFI),
+         "-isystem", _jaxlib_include(), str(tmp_path / "main.cc"), str(FFI / "peer_watch.cc"),
+         "-o", str(binary)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    done = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stdout + done.stderr

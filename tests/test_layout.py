@@ -23,7 +23,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "jaxfog"
 #: package. Every module of the package is in exactly one layer.
 LAYERS = [
     ("pure data, errors, argument checks",
-     ["jaxfog.errors", "jaxfog.topology.*", "jaxfog._validate"]),
+     ["jaxfog.errors", "jaxfog.topology.*", "jaxfog._validate", "jaxfog._interrupt"]),
     ("the C++ library, loaded with ctypes; NCCL's set-up",
      ["jaxfog.ffi._loader", "jaxfog.ffi", "jaxfog.ffi._nccl_setup"]),
     ("who the agents are: the MPI runtime, or the simulation being traced",

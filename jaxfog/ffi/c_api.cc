@@ -487,6 +487,13 @@ extern "C" __attribute__((visibility("default"))) int jaxfog_watch_peers(
   return 0;
 }
 
+// Makes a SIGINT end the wait of an op in flight (peer_watch.h), chaining to
+// the SIGINT handler in place (Python's: the runtime calls this only while
+// signal.default_int_handler is Python's). Returns whether it is installed.
+extern "C" __attribute__((visibility("default"))) int jaxfog_catch_interrupts() {
+  return jaxfog::CatchInterrupts() ? 1 : 0;
+}
+
 // Tells every other rank that this one is leaving (`at_exit`: at the exit of
 // its program), with the last op it ran on each communicator. Once every op
 // of this rank has finished. Returns 0, or 1 with the reason in `error`.

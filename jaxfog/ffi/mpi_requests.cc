@@ -262,6 +262,7 @@ ffi::Error RequestSet::WaitAll(const WaitScope& scope, const std::string& what,
       continue;  // poll again at once: more may have finished
     }
     if ((polls & 63) != 63) continue;  // the clock and the rest, now and then
+    if (endable.Interrupted()) return InterruptedError(what, Waiting());
     if (EndRequested()) {
       EndNow(what + ": this process got SIGTERM (a launcher ending the job sends it) "
              "while waiting for " + Waiting() + "; it ends now");

@@ -445,7 +445,58 @@ void EndNow(const std::string& report) {
   for (;;) pause();  // SIGTERM's default action ends the process
 }
 
-EndableWait::EndableWait() { waits_in_flight.fetch_add(1); }
+namespace {
+// Counted by the SIGINT handler (lock-free: signal-safe); a wait compares.
+std::atomic<uint64_t> interrupts{0};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+std::mutex interrupt_mutex;        // CatchInterrupts (not the handler)
+struct sigaction previous_int;     // Python's, written before ours is installed
+
+void OnInterrupt(int signal, siginfo_t* info, void* context) {
+  // Python's handler first: its KeyboardInterrupt is pending by the time a
+  // wait sees the count, so the one the op's failure becomes replaces it.
+  if (previous_int.sa_flags & SA_SIGINFO) {
+    if (previous_int.sa_sigaction != nullptr) previous_int.sa_sigaction(signal, info, context);
+  } else if (previous_int.sa_handler != SIG_DFL && previous_int.sa_handler != SIG_IGN) {
+    previous_int.sa_handler(signal);
+  }
+  interrupts.fetch_add(1);
+}
+}  // namespace
+
+bool CatchInterrupts() {
+  std::lock_guard<std::mutex> lock(interrupt_mutex);
+  struct sigaction current;
+  if (sigaction(SIGINT, nullptr, &current) != 0) return false;
+  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == &OnInterrupt) return true;
+  if (!(current.sa_flags & SA_SIGINFO) &&
+      (current.sa_handler == SIG_DFL || current.sa_handler == SIG_IGN)) {
+    return false;  // nothing to chain to: SIGINT's default (death) is left as it is
+  }
+  previous_int = current;
+  // The replaced handler's flags and mask: Python's has no SA_RESTART, so
+  // that a blocking read returns EINTR and Python runs its handler; kept so.
+  struct sigaction action = current;
+  action.sa_sigaction = &OnInterrupt;
+  action.sa_flags = current.sa_flags | SA_SIGINFO;
+  return sigaction(SIGINT, &action, nullptr) == 0;
+}
+
+ffi::Error InterruptedError(const std::string& what, const std::string& waiting_for) {
+  NoteCommFailure();  // the exit is bounded: MPI_Finalize may wait for the peer
+  return ffi::Error(ffi::ErrorCode::kCancelled,
+                    what + ": interrupted (SIGINT) while waiting for " + waiting_for +
+                        "; its messages are abandoned half-way, so jaxfog's communication "
+                        "in this process may be unusable now: end the program");
+}
+
+EndableWait::EndableWait() : interrupts_at_start_(interrupts.load()) {
+  waits_in_flight.fetch_add(1);
+}
+
+bool EndableWait::Interrupted() const {
+  return interrupts.load(std::memory_order_relaxed) != interrupts_at_start_;
+}
 
 EndableWait::~EndableWait() { waits_in_flight.fetch_sub(1); }
 

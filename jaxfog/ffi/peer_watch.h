@@ -237,14 +237,40 @@ void CatchEndSignal();
 bool EndRequested();
 // Writes `report` (one line) to stderr and ends the process by SIGTERM.
 [[noreturn]] void EndNow(const std::string& report);
+// Ctrl-C (SIGINT) while an op waits for a peer. Python runs its SIGINT
+// handler (KeyboardInterrupt) only between bytecodes of the main thread, so
+// a main thread blocked on an op that waits for a peer that never comes
+// would stay blocked until JAXFOG_TIMEOUT. This handler (installed from
+// Python at init, only while Python's default handler is in place: a
+// program's own is left alone) runs the handler it replaced first, so that
+// Python's KeyboardInterrupt is pending as before, then counts the signal:
+// a wait in flight sees the count change and fails at once (its error says
+// "interrupted (SIGINT)", which jaxfog's Python side raises as a
+// KeyboardInterrupt). Between waits nothing else changes. A later
+// signal.signal(SIGINT, ...) replaces it (Python installs its own C handler
+// then). Returns whether it is installed (false: SIGINT has no handler to
+// chain to, SIG_DFL or SIG_IGN).
+bool CatchInterrupts();
+// The error of a wait that a SIGINT interrupted: `what` (the op, "jaxfog
+// neighbor_allreduce (op #5 on rank 0)") was waiting for `waiting_for`
+// ("the header from rank 1"). Its requests are abandoned half-way, so
+// jaxfog's communicators may be unusable after it; the exit is bounded.
+// jaxfog's Python side raises it as a KeyboardInterrupt (jaxfog/_interrupt.py
+// looks for "interrupted (SIGINT)").
+ffi::Error InterruptedError(const std::string& what, const std::string& waiting_for);
 // Held by a wait while it runs, so that a SIGTERM lets it report first; on
-// leaving, it ends the process if one came meanwhile.
+// leaving, it ends the process if one came meanwhile. It also notes the
+// SIGINT count at its start: Interrupted() is whether one came since.
 class EndableWait {
  public:
   EndableWait();
   ~EndableWait();
   EndableWait(const EndableWait&) = delete;
   EndableWait& operator=(const EndableWait&) = delete;
+  bool Interrupted() const;
+
+ private:
+  uint64_t interrupts_at_start_;
 };
 
 }  // namespace jaxfog

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import jax
 from jax.extend import core as jex_core
 
+from jaxfog import _interrupt
 from jaxfog.errors import JaxCompatError
 
 #: The jax releases this module was written and tested against.
@@ -83,7 +84,11 @@ def apply_primitive(prim: Any, *args: Any, **params: Any) -> Any:
     """Runs ``prim`` eagerly by compiling it alone (what JAX does for lax ops)."""
     from jax._src import dispatch
 
-    return dispatch.apply_primitive(prim, *args, **params)
+    try:
+        return dispatch.apply_primitive(prim, *args, **params)
+    except BaseException as error:  # an op's wait ended by Ctrl-C: KeyboardInterrupt
+        _interrupt.raise_if_interrupted(error)
+        raise
 
 
 # --- trace context ---------------------------------------------------------

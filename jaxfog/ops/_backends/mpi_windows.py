@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxfog import ffi, runtime
+from jaxfog import _interrupt, ffi, runtime
 from jaxfog.errors import JaxfogError
 from jaxfog.ops import _args, _jax_compat, _plan, _primitive_machinery
 from jaxfog.ops import _backend_primitives as P
@@ -79,7 +79,10 @@ def lookup(name: str, what: str) -> _Window:
 def _call(function, *args) -> None:
     error = ctypes.create_string_buffer(1024)
     if function(*args, error, 1024):
-        raise JaxfogError(f"jaxfog window: {error.value.decode()}")
+        text = error.value.decode()
+        if _interrupt.MARK in text:  # Ctrl-C while waiting for a peer's mutex
+            raise _interrupt.interrupt(text)
+        raise JaxfogError(f"jaxfog window: {text}")
 
 
 def win_create(leaves: list, treedef: Any, args: _args.WinCreate) -> bool:
