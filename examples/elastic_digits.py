@@ -15,7 +15,10 @@ exact_diffusion, push_sum, choco, diloco, streaming_diloco, noloco, awc_delay),
 ``--steps``, ``--every`` (steps between snapshots), ``--out FILE.npz`` (rank 0,
 or the simulation, writes the final parameters of every agent and the test
 accuracy), ``--kill RANK:STEP:LAUNCH,...`` (that rank kills itself at that step
-in that launch, 0 the first: the tests of lost ranks).
+in that launch, 0 the first: the tests of lost ranks), ``--pace SECONDS`` (each
+step lasts at least that long: a slower model, to watch a run or kill a host in it),
+``--log FILE`` (rank 0 appends ``time step launch accuracy`` at every snapshot step,
+its own model's test accuracy: benchmarks/bench_elastic.py times runs with it).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import time
 
 import flax.linen as nn
 import jax
@@ -78,7 +82,8 @@ def data(n: int):
 
 
 def main(simulated: int = 4, method: str = "atc", steps: int = 60, every: int = 10,
-         out: str | None = None, kill: str | None = None, directory: str | None = None):
+         out: str | None = None, kill: str | None = None, directory: str | None = None,
+         pace: float = 0.0, log: str | None = None):
     agents = jf.Agents(simulated=simulated)
     n = agents.size
     optimizer = optimizer_for(method, n)
@@ -111,6 +116,14 @@ def main(simulated: int = 4, method: str = "atc", steps: int = 60, every: int = 
             os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
         state.params, state.opt_state, loss = train_step(state.params, state.opt_state,
                                                          x, y, jnp.int32(step))
+        if pace:
+            jax.block_until_ready(loss)
+            time.sleep(pace)
+        if log and agents.is_root and state.step % every == 0:
+            mine = jax.tree.map(lambda p: p[0], state.params) if agents.simulated else state.params
+            hits = float((model.apply(mine, test_x).argmax(-1) == test_y).mean())
+            with open(log, "a") as f:
+                f.write(f"{time.time():.3f} {state.step} {launch} {hits:.4f}\n")
 
     everyone = agents.gather(state.params)  # every agent's parameters, stacked
     mean = jax.tree.map(lambda p: p.mean(0), everyone)
@@ -134,5 +147,8 @@ if __name__ == "__main__":
     parser.add_argument("--out")
     parser.add_argument("--kill")
     parser.add_argument("--directory")
+    parser.add_argument("--pace", type=float, default=0.0)
+    parser.add_argument("--log")
     args = parser.parse_args()
-    main(args.agents, args.method, args.steps, args.every, args.out, args.kill, args.directory)
+    main(args.agents, args.method, args.steps, args.every, args.out, args.kill, args.directory,
+         args.pace, args.log)
