@@ -77,7 +77,10 @@ def data(n: int):
     train_x, train_y = images[~test], labels[~test].astype(np.int32)
     order = np.argsort(train_y, kind="stable")
     per_agent = len(order) // n
-    shards = [order[r * per_agent:(r + 1) * per_agent] for r in range(n)]
+    # Each agent's labels in a random order (sorted rows would give it batches of
+    # one label after another, and gradient averaging over ~n labels at a time).
+    shards = [np.random.default_rng(r).permutation(order[r * per_agent:(r + 1) * per_agent])
+              for r in range(n)]
     return [(train_x[s], train_y[s]) for s in shards], (images[test], labels[test])
 
 

@@ -162,3 +162,65 @@ def test_plan_leaves_out_a_member_the_last_run_did_not_have():
     assert plan.step == 30 and plan.members == [0, 1, 2, 4] and plan.donors == {3: 2}
     # without the rosters it would have been taken back, at the older step
     assert je.plan(["a"] * 4, listings, every=10).step == 20
+
+
+def _nnx_program(steps=60):
+    """A Flax NNX MLP on the digits with atc, the state as ``nnx.split`` gives it."""
+    from flax import nnx
+    from sklearn.datasets import load_digits
+
+    images, labels = load_digits(return_X_y=True)
+    images, labels = (images / 16.0).astype(np.float32), labels.astype(np.int32)
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.hidden, self.out = nnx.Linear(64, 32, rngs=rngs), nnx.Linear(32, 10, rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(nnx.relu(self.hidden(x)))
+
+    graphdef, params0 = nnx.split(MLP(nnx.Rngs(0)))
+
+    def program(n):
+        agents = jf.Agents(simulated=n)
+        optimizer = jfo.atc(optax.sgd(0.1, momentum=0.9), topology=T.exponential(n))
+        x, y = agents.data(lambda r: (images[r::n], labels[r::n]))
+
+        def train_step(params, opt_state, x, y, step):
+            rows = (jnp.arange(32) + step * 32) % x.shape[0]
+
+            def loss(params):
+                logits = nnx.merge(graphdef, params)(x[rows])
+                return optax.softmax_cross_entropy_with_integer_labels(logits, y[rows]).mean()
+
+            updates, opt_state = optimizer.update(jax.grad(loss)(params), opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        train_step = agents.map(train_step, in_axes=(0, 0, 0, 0, None))
+        params, opt_state = agents.map(lambda _: (params0, optimizer.init(params0)))(
+            agents.data(lambda r: np.int32(r)))
+        state = je.State(params=params, opt_state=opt_state, every=10)
+        for step in state.steps(steps):
+            state.params, state.opt_state = train_step(state.params, state.opt_state, x, y,
+                                                       jnp.int32(step))
+        mean = jax.tree.map(lambda p: p.mean(0), state.params)
+        accuracy = float((nnx.merge(graphdef, mean)(images).argmax(-1) == labels).mean())
+        return state.params, accuracy
+    return program
+
+
+def test_a_flax_nnx_state_survives_restarts_and_churn():
+    """nnx.State as the params: a restart with the same members continues
+    bit for bit, churn keeps float32 and trains."""
+    program = _nnx_program()
+    (params, accuracy), _ = je.simulate(program, 3)
+    (again, _), resumed = je.simulate(program, 3, {30: je.Change()})
+    assert resumed[1].step == 30
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
+        np.testing.assert_array_equal(a, b)
+    (churned, churned_accuracy), resumed = je.simulate(
+        program, 3, {20: je.Change(leave=[1]), 40: je.Change(join=2)})
+    assert [r.members for r in resumed][-1] == (0, 2, 3, 4)
+    assert all(leaf.dtype == jnp.float32 and leaf.shape[0] == 4
+               for leaf in jax.tree.leaves(churned))
+    assert accuracy > 0.8 and churned_accuracy > 0.8, (accuracy, churned_accuracy)
