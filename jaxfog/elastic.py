@@ -443,6 +443,10 @@ class State:
         befores = comm.allgather(previous) if comm is not None else [previous]
         changed = restored is not None and any(list(b) != list(plan_.members)
                                                for b in befores)
+        if size == 1 and any(b is not None and len(b) > 1 for b in befores):
+            warnings.warn(f"{_WHAT}: one rank is left of the run's "
+                          f"{max(len(b) for b in befores if b)}; it goes on alone",
+                          RuntimeWarning)
         if restored is not None:
             self._restore(restored, changed)
         self.resumed = Resumed(plan_.step, tuple(plan_.members), dict(plan_.donors), changed)

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from jaxfog.testing import launch_environment, run_command
+from mpi_harness import mpi_test
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "examples" / "elastic_digits.py"
@@ -143,3 +144,27 @@ def test_more_failures_than_allowed_end_the_run_with_the_failure(tmp_path):
     assert "--max-restarts 1 are spent; giving up" in result.output
     assert not out.exists()
     assert os.path.exists(tmp_path / "s")
+
+
+@mpi_test(nprocs=(2,), timeout=120)
+def test_a_rank_whose_state_differs_is_refused_on_every_rank():
+    """A joining host that runs another program (here rank 1's parameters have
+    another shape, then another version): ValueError on every rank, naming it."""
+    import tempfile
+
+    import jax.numpy as jnp
+    import pytest
+
+    import jaxfog as jf
+    import jaxfog.elastic as je
+
+    jf.init()
+    directory = jf.runtime.communicator().bcast(tempfile.mkdtemp(), root=0)
+    with pytest.raises(ValueError, match=r"ranks \[1\] hold a state .* other than rank 0's"):
+        je.State(x=jnp.zeros(2 + jf.rank()), directory=directory)
+    with pytest.raises(ValueError, match=r"ranks \[1\] hold a state"):
+        je.State(x=jnp.zeros(2), directory=directory, version=f"v{min(jf.rank(), 1)}")
+    state = je.State(x=jnp.zeros(2), directory=directory, every=1)
+    for _ in state.steps(2):
+        state.x = state.x + 1.0
+    assert float(state.x[0]) == 2.0
