@@ -184,7 +184,8 @@ def _nnx_program(steps=60):
     def program(n):
         agents = jf.Agents(simulated=n)
         optimizer = jfo.atc(optax.sgd(0.1, momentum=0.9), topology=T.exponential(n))
-        x, y = agents.data(lambda r: (images[r::n], labels[r::n]))
+        x, y = agents.data(lambda r: (images[r::n][:len(images) // n],
+                                      labels[r::n][:len(images) // n]))
 
         def train_step(params, opt_state, x, y, step):
             rows = (jnp.arange(32) + step * 32) % x.shape[0]
