@@ -377,10 +377,11 @@ def test_sigint_during_a_wait_is_a_keyboard_interrupt_naming_the_op(tmp_path, ca
     finally:
         if job.poll() is None:
             job.kill()
-    # In a wait, both ranks end with os._exit (no MPI_Finalize): hydra takes the
-    # first such end for a failure and SIGKILLs the other if it has not ended
-    # yet (status 9; 3 runs in 8 here), so only the other cases must end cleanly.
-    assert job.returncode == 0 or (case == "in a wait" and job.returncode == 9), output
+    # In a wait, both ranks end with os._exit (no MPI_Finalize, which would wait
+    # for the abandoned op): the launcher takes that for a failure (hydra SIGKILLs
+    # the other rank if it has not ended yet, status 9, 3 runs in 8 here; Open
+    # MPI's prterun exits with status 1), so only the other cases end cleanly.
+    assert job.returncode == 0 or case == "in a wait", output
     caught = [line for line in output.splitlines() if "rank 0: KeyboardInterrupt at" in line]
     if case == "own handler":
         assert "rank 0: own handler ran" in output and "rank 0: op #2 done" in output, output
