@@ -186,7 +186,9 @@ def test_warn_after_is_a_number_of_seconds(monkeypatch):
             read()
 
 
-SIGTERM_RANK = """
+#: How both signal tests' ranks start: a handler of their own for the signal
+#: (``SIGNAL``) when the case asks for one, then op #1 on a ring of 2.
+_SIGNAL_RANK_PRELUDE = """
 import os, signal, sys, time
 
 import jax.numpy as jnp
@@ -195,12 +197,37 @@ import jaxfog as jf
 
 directory, case = sys.argv[1], sys.argv[2]
 if case == "own handler":
-    signal.signal(signal.SIGTERM, lambda *_: print("rank 0: own handler ran", flush=True))
+    signal.signal(signal.SIGNAL, lambda *_: print("rank 0: own handler ran", flush=True))
 jf.init()
 r = jf.rank()
 ring = dict(self_weight=0.5, src_weights={1 - r: 0.5}, dst_weights=[1 - r])
 y = jf.neighbor_allreduce(jnp.ones(3), **ring)  # op #1: both joined
-if r == 1:  # rank 0's op #2 waits for this one's
+"""
+
+
+def _signal_job(command: list, env: dict, tmp_path, signum: int) -> tuple:
+    """Starts the ranks, sends ``signum`` to rank 0 once it is inside op #2's
+    wait (or the sleep between ops); returns (the job, its output, when the
+    signal was sent: CLOCK_MONOTONIC, the ranks' clock too)."""
+    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    try:
+        pid_file = tmp_path / "pid"
+        deadline = time.monotonic() + 200
+        while not pid_file.exists() or not pid_file.read_text():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
+            time.sleep(0.1)
+        time.sleep(1.5)
+        sent = time.monotonic()
+        os.kill(int(pid_file.read_text()), signum)
+        output = job.communicate(timeout=120)[0]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    return job, output, sent
+
+
+SIGTERM_RANK = _SIGNAL_RANK_PRELUDE.replace("SIGNAL", "SIGTERM") + """if r == 1:  # rank 0's op #2 waits for this one's
     if case == "own handler":
         time.sleep(4)
         jf.neighbor_allreduce(jnp.full(3, 2.0), **ring)
@@ -240,22 +267,8 @@ def test_sigterm_during_a_wait_says_what_it_waited_for_then_ends(tmp_path, case)
                    'if [ $s -gt 128 ]; then kill -$((s - 128)) $$; fi; exit $s')
     command = launcher.build_command(
         ["sh", "-c", keep_status, "sh", str(script), str(tmp_path), case], 2, env=env)
-    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True)
-    try:
-        pid_file = tmp_path / "pid"
-        deadline = time.monotonic() + 200
-        while not pid_file.exists() or not pid_file.read_text():
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
-            time.sleep(0.1)
-        time.sleep(1.5)  # inside op #2's wait (or the sleep between ops)
-        os.kill(int(pid_file.read_text()), signal.SIGTERM)
-        sent = time.monotonic()
-        output = job.communicate(timeout=120)[0]
-        ended = time.monotonic() - sent
-    finally:
-        if job.poll() is None:
-            job.kill()
+    job, output, sent = _signal_job(command, env, tmp_path, signal.SIGTERM)
+    ended = time.monotonic() - sent
     report = ("jaxfog neighbor_allreduce (op #2 on rank 0): this process got SIGTERM (a "
               "launcher ending the job sends it) while waiting for the header from rank 1; "
               "it ends now")
@@ -303,21 +316,7 @@ def test_a_rank_that_left_after_a_failed_op_is_named_so():
     jf.shutdown()
 
 
-SIGINT_RANK = """
-import os, signal, sys, time
-
-import jax.numpy as jnp
-import numpy as np
-import jaxfog as jf
-
-directory, case = sys.argv[1], sys.argv[2]
-if case == "own handler":
-    signal.signal(signal.SIGINT, lambda *_: print("rank 0: own handler ran", flush=True))
-jf.init()
-r = jf.rank()
-ring = dict(self_weight=0.5, src_weights={1 - r: 0.5}, dst_weights=[1 - r])
-y = jf.neighbor_allreduce(jnp.ones(3), **ring)  # op #1: both joined
-if r == 1:
+SIGINT_RANK = _SIGNAL_RANK_PRELUDE.replace("SIGNAL", "SIGINT") + """if r == 1:
     if case == "in a wait":  # never joins op #2: waits until rank 0 is done
         start = time.monotonic()
         while not os.path.exists(os.path.join(directory, "done")):
@@ -362,21 +361,7 @@ def test_sigint_during_a_wait_is_a_keyboard_interrupt_naming_the_op(tmp_path, ca
            "PYTHONUNBUFFERED": "1"}
     command = launcher.build_command([sys.executable, str(script), str(tmp_path), case], 2,
                                      env=env)
-    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True)
-    try:
-        pid_file = tmp_path / "pid"
-        deadline = time.monotonic() + 200
-        while not pid_file.exists() or not pid_file.read_text():
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
-            time.sleep(0.1)
-        time.sleep(1.5)  # inside op #2's wait (or the sleep between ops)
-        sent = time.monotonic()  # CLOCK_MONOTONIC: the ranks' clock too
-        os.kill(int(pid_file.read_text()), signal.SIGINT)
-        output = job.communicate(timeout=120)[0]
-    finally:
-        if job.poll() is None:
-            job.kill()
+    job, output, sent = _signal_job(command, env, tmp_path, signal.SIGINT)
     # In a wait, both ranks end with os._exit (no MPI_Finalize, which would wait
     # for the abandoned op): the launcher takes that for a failure (hydra SIGKILLs
     # the other rank if it has not ended yet, status 9, 3 runs in 8 here; Open

@@ -481,6 +481,23 @@ def test_nccl_transport_checks_validates_and_watches(tmp_path):
     assert "jaxfog watchdog: jaxfog neighbor_allreduce (NCCL" in done.stderr, done.stderr
 
 
+def _build_with_peer_watch(tmp_path, source: str):
+    """``source`` (a C++ main) compiled with peer_watch.cc by the library's MPI
+    compiler wrapper; returns the binary's path."""
+    from jaxfog import ffi
+
+    mpicxx, _ = ffi.mpi_tools()
+    assert mpicxx, "no MPI compiler wrapper for the library's MPI"
+    binary = tmp_path / "main"
+    (tmp_path / "main.cc").write_text(source)
+    built = subprocess.run(
+        [mpicxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-pthread", "-I", str(FFI),
+         "-isystem", _jaxlib_include(), str(tmp_path / "main.cc"), str(FFI / "peer_watch.cc"),
+         "-o", str(binary)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    return binary
+
+
 INSIDE_MPI_TEST = r"""
 #include <chrono>
 #include <cstdio>
@@ -515,17 +532,7 @@ def test_an_mpi_call_that_never_returns_ends_the_process_saying_where(tmp_path, 
     however many, and ops without a timeout, are left alone."""
     import time
 
-    from jaxfog import ffi
-
-    mpicxx, _ = ffi.mpi_tools()
-    assert mpicxx, "no MPI compiler wrapper for the library's MPI"
-    binary = tmp_path / "main"
-    (tmp_path / "main.cc").write_text(INSIDE_MPI_TEST)
-    built = subprocess.run(
-        [mpicxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-pthread", "-I", str(FFI),
-         "-isystem", _jaxlib_include(), str(tmp_path / "main.cc"), str(FFI / "peer_watch.cc"),
-         "-o", str(binary)], capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
+    binary = _build_with_peer_watch(tmp_path, INSIDE_MPI_TEST)
     start = time.monotonic()
     done = subprocess.run([str(binary), "stuck" if stuck else "fine"], capture_output=True,
                           text=True, timeout=60)
@@ -596,16 +603,6 @@ def test_sigint_handler_chains_to_pythons_and_ends_only_waits_in_flight(tmp_path
     """The SIGINT handler goes in only in front of a handler (Python's), which
     still runs on every signal; a wait in flight sees the signal, a wait begun
     after it does not; the error names the op and says it was interrupted."""
-    from jaxfog import ffi
-
-    mpicxx, _ = ffi.mpi_tools()
-    assert mpicxx, "no MPI compiler wrapper for the library's MPI"
-    binary = tmp_path / "main"
-    (tmp_path / "main.cc").write_text(INTERRUPT_TEST)
-    built = subprocess.run(
-        [mpicxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-pthread", "-I", str(FFI),
-         "-isystem", _jaxlib_include(), str(tmp_path / "main.cc"), str(FFI / "peer_watch.cc"),
-         "-o", str(binary)], capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
+    binary = _build_with_peer_watch(tmp_path, INTERRUPT_TEST)
     done = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == "ok\n", done.stdout + done.stderr
