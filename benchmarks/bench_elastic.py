@@ -175,7 +175,7 @@ def main(argv=None) -> int:
                 results.setdefault((method, scenario), []).append(summary)
                 print(f"round {round_}: {method:20s} {scenario:25s} "
                       + " ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
-    lines = [f"# Elastic training: goodput on the cluster on one machine",
+    lines = ["# Elastic training: goodput on the cluster on one machine",
              "",
              f"Machine: {_machine.cpu()}; {time.strftime('%Y-%m-%d')}.",
              "",

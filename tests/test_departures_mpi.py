@@ -227,7 +227,8 @@ def _signal_job(command: list, env: dict, tmp_path, signum: int) -> tuple:
     return job, output, sent
 
 
-SIGTERM_RANK = _SIGNAL_RANK_PRELUDE.replace("SIGNAL", "SIGTERM") + """if r == 1:  # rank 0's op #2 waits for this one's
+SIGTERM_RANK = _SIGNAL_RANK_PRELUDE.replace("SIGNAL", "SIGTERM") + """
+if r == 1:  # rank 0's op #2 waits for this one's
     if case == "own handler":
         time.sleep(4)
         jf.neighbor_allreduce(jnp.full(3, 2.0), **ring)
@@ -316,7 +317,8 @@ def test_a_rank_that_left_after_a_failed_op_is_named_so():
     jf.shutdown()
 
 
-SIGINT_RANK = _SIGNAL_RANK_PRELUDE.replace("SIGNAL", "SIGINT") + """if r == 1:
+SIGINT_RANK = _SIGNAL_RANK_PRELUDE.replace("SIGNAL", "SIGINT") + """
+if r == 1:
     if case == "in a wait":  # never joins op #2: waits until rank 0 is done
         start = time.monotonic()
         while not os.path.exists(os.path.join(directory, "done")):

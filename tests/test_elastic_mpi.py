@@ -20,7 +20,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import pytest
 
 from jaxfog.testing import launch_environment, run_command
 from mpi_harness import mpi_test

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from jaxfog.testing import launch_environment, run_command
-from netns_rig import netns_cluster_factory  # noqa: F401 (fixture)
+from netns_rig import netns_cluster_factory  # noqa: F401,F811 (fixture)
 
 PROGRAM = Path(__file__).resolve().parents[1] / "examples" / "elastic_digits.py"
 STEPS, EVERY = 60, 10
@@ -103,9 +103,9 @@ def test_a_host_added_joins_with_a_live_copy_from_a_neighbour(netns_cluster_fact
     script = tmp_path / "discover.sh"
     first = "\\n".join(f"{n}:1" for n in cluster.names[:3])
     every = "\\n".join(f"{n}:1" for n in cluster.names)
-    script.write_text(f"""#!/bin/sh
-if [ -e {tmp_path}/called ]; then printf '{every}\\n'; else touch {tmp_path}/called; printf '{first}\\n'; fi
-""")
+    called = tmp_path / "called"
+    script.write_text(f"#!/bin/sh\nif [ -e {called} ]; then printf '{every}\\n'; "
+                      f"else touch {called}; printf '{first}\\n'; fi\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     command = _command(cluster, out, snapshots, np_=4,
                        options=["--max-restarts", "0", "--host-discovery-script", str(script)])
