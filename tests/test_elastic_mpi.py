@@ -87,48 +87,48 @@ def _assert_same(mpi, simulated):
 
 
 def test_a_killed_rank_is_relaunched_and_the_run_equals_the_uninterrupted_one(tmp_path):
-    """Rank 3 SIGKILLed at step 23: MPICH ends the job, ``jaxfog run``
-    relaunches it on the same 4 slots, every rank resumes at step 20 with the
+    """Rank 2 SIGKILLed at step 23: MPICH ends the job, ``jaxfog run``
+    relaunches it on the same 3 slots, every rank resumes at step 20 with the
     same members, and the result is the uninterrupted run's (atc on the
     one-peer schedule)."""
-    mpi, output = _launch(tmp_path, np_=4, kill="3:23:0")
-    assert "restart 1 of 2" in output and "resumed at step 20 on 4 rank(s)" in output
+    mpi, output = _launch(tmp_path, np_=3, kill="2:23:0")
+    assert "restart 1 of 2" in output and "resumed at step 20 on 3 rank(s)" in output
     assert "members unchanged" in output
-    _assert_same(mpi, _simulated("atc", 4, {}))
+    _assert_same(mpi, _simulated("atc", 3, {}))
 
 
 def test_a_lost_rank_and_two_failures_in_a_row_equal_the_simulated_churn(tmp_path):
-    """Launch 0: 4 slots, rank 3 killed at step 23. Launch 1: 3 slots (its
-    member is lost), resumed at 20; rank 1 killed at step 35. Launch 2: 4
-    slots again, resumed at 30, rank 3 a newcomer with rank 2's live copy.
+    """Launch 0: 3 slots, rank 2 killed at step 23. Launch 1: 2 slots (its
+    member is lost), resumed at 20; rank 1 killed at step 35. Launch 2: 3
+    slots again, resumed at 30, rank 2 a newcomer with rank 1's live copy.
     gradient tracking (its tracker restored at each change) equals the
-    simulation with agent 3 leaving at step 20 and one joining at 30."""
-    mpi, output = _launch(tmp_path, np_=4, method="gradient_tracking",
-                          kill="3:23:0,1:35:1", discovery=_discovery(tmp_path, [4, 3, 4]))
-    assert "resumed at step 20 on 3 rank(s)" in output, output
-    assert "resumed at step 30 on 4 rank(s) (1 rank(s) copied from a neighbour" in output
+    simulation with agent 2 leaving at step 20 and one joining at 30."""
+    mpi, output = _launch(tmp_path, np_=3, method="gradient_tracking",
+                          kill="2:23:0,1:35:1", discovery=_discovery(tmp_path, [3, 2, 3]))
+    assert "resumed at step 20 on 2 rank(s)" in output, output
+    assert "resumed at step 30 on 3 rank(s) (1 rank(s) copied from a neighbour" in output
     import jaxfog.elastic as je
 
-    simulated = _simulated("gradient_tracking", 4, {20: je.Change(leave=[3]),
+    simulated = _simulated("gradient_tracking", 3, {20: je.Change(leave=[2]),
                                                    30: je.Change(join=1)})
-    assert [r.members for r in simulated[2]][-1] == (0, 1, 2, 4)
+    assert [r.members for r in simulated[2]][-1] == (0, 1, 3)
     _assert_same(mpi, simulated)
 
 
 def test_a_host_that_appears_joins_at_the_next_snapshot_without_a_failure(tmp_path):
-    """The discovery script offers a fifth slot from its second call on, made
+    """The discovery script offers a third slot from its second call on, made
     while the first launch starts (every 0.5 s): the job stops at its first
     snapshot, step 10 (exit status 75 on every rank, not counted as a failure:
-    --max-restarts 0), and is relaunched on 5 ranks, the newcomer with rank
-    3's state. DiLoCo equals the simulation with one agent joining at step 10."""
-    mpi, output = _launch(tmp_path, np_=5, method="diloco", restarts=0,
-                          discovery=_discovery(tmp_path, [4, 5]),
+    --max-restarts 0), and is relaunched on 3 ranks, the newcomer with rank
+    1's state. DiLoCo equals the simulation with one agent joining at step 10."""
+    mpi, output = _launch(tmp_path, np_=3, method="diloco", restarts=0,
+                          discovery=_discovery(tmp_path, [2, 3]),
                           env={"JAXFOG_DISCOVERY_INTERVAL": "0.5"})
     assert "the job stopped to take in new hosts" in output, output
-    assert "resumed at step 10 on 5 rank(s) (1 rank(s) copied from a neighbour" in output
+    assert "resumed at step 10 on 3 rank(s) (1 rank(s) copied from a neighbour" in output
     import jaxfog.elastic as je
 
-    _assert_same(mpi, _simulated("diloco", 4, {10: je.Change(join=1)}))
+    _assert_same(mpi, _simulated("diloco", 2, {10: je.Change(join=1)}))
 
 
 def test_more_failures_than_allowed_end_the_run_with_the_failure(tmp_path):
