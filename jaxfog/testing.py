@@ -21,7 +21,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from jaxfog.cli import _launcher
 
@@ -71,7 +71,8 @@ def launch_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def run_command(command: Sequence[str], *, timeout: float,
-                env: Mapping[str, str] | None = None) -> MpiResult:
+                env: Mapping[str, str] | None = None,
+                stop: Callable[[], bool] | None = None) -> MpiResult:
     """Runs ``command`` (e.g. ``jaxfog run -np 4 ...``) with stdout and stderr
     merged; never past ``timeout``, and nothing it started outlives it.
 
@@ -82,7 +83,9 @@ def run_command(command: Sequence[str], *, timeout: float,
     launch outlived it and hung the next test). So every process started
     carries a marker in its environment, and whatever carries it is killed
     at the timeout, when this process is interrupted (Ctrl-C,
-    pytest-timeout), and after a normal end.
+    pytest-timeout), and after a normal end. ``stop``, polled twice a second,
+    ends the command the same way when it returns true (as the timeout does:
+    ``returncode`` None).
     """
     start = time.monotonic()
     marker = f"{os.getpid()}.{next(_launches)}"
@@ -90,13 +93,21 @@ def run_command(command: Sequence[str], *, timeout: float,
                                env={**(os.environ if env is None else env), _MARKER: marker},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
+    deadline = start + timeout
+    returncode: int | None = None
     try:
-        output, _ = process.communicate(timeout=timeout)
-        returncode: int | None = process.returncode
-    except subprocess.TimeoutExpired:
-        _kill_launch(process, marker)
-        output, _ = process.communicate()
-        returncode = None
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                output, _ = process.communicate(
+                    timeout=max(0.0, left if stop is None else min(left, 0.5)))
+                returncode = process.returncode
+                break
+            except subprocess.TimeoutExpired:  # retrying loses no output
+                if time.monotonic() >= deadline or (stop is not None and stop()):
+                    _kill_launch(process, marker)
+                    output, _ = process.communicate()
+                    break
     except BaseException:
         _kill_launch(process, marker)
         process.wait()
@@ -129,18 +140,23 @@ def _kill_launch(process: subprocess.Popen, marker: str) -> None:
             continue
 
 
-def run_mpi(nprocs: int, file: str | os.PathLike, function: str, *, timeout: float = 120,
-            env: Mapping[str, str] | None = None) -> MpiResult:
+def run_mpi(nprocs: int, file: str | os.PathLike, function: str | Sequence[str], *,
+            timeout: float = 120, env: Mapping[str, str] | None = None,
+            stop: Callable[[], bool] | None = None) -> MpiResult:
     """Runs ``function`` from ``file`` on ``nprocs`` ranks; never hangs past ``timeout``.
 
+    Several functions run one after the other in the same processes (each
+    starts with the environment, float64 setting, topology and clocks the
+    launch began with); ``stop`` and :data:`PROGRESS_ENV` tell which hung.
     The ranks run JAX on the CPU, or on ``JAXFOG_TEST_PLATFORMS`` (e.g. ``cuda``:
     the GPU check runs the multi-rank suite on GPU arrays).
     """
+    functions = [function] if isinstance(function, str) else list(function)
     full_env = launch_environment(env)
     command = _launcher.build_command(
-        [sys.executable, "-m", "jaxfog.testing", str(Path(file).resolve()), function],
+        [sys.executable, "-m", "jaxfog.testing", str(Path(file).resolve()), *functions],
         nprocs, env=full_env)
-    return run_command(command, timeout=timeout, env=full_env)
+    return run_command(command, timeout=timeout, env=full_env, stop=stop)
 
 
 def _load(file: str):
@@ -168,25 +184,71 @@ def _fail(rank: int, error: BaseException) -> None:
     sys.exit(1)
 
 
+#: Set in the ranks of a launch running several functions: the folder where
+#: each rank notes which it started and which passed (``rank<r>``), so that the
+#: launching process tells which failed or hung.
+PROGRESS_ENV = "JAXFOG_TEST_PROGRESS"
+
+
+def _launch_rank() -> str:
+    """This process's rank, from the launcher's environment (before MPI starts)."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if name in os.environ:
+            return os.environ[name]
+    return "0"
+
+
+def _between_functions(environ: dict[str, str], x64: bool) -> None:
+    """Undoes what one function of a launch leaves behind for the next: the
+    environment, float64, jaxfog's topology (back to the default) and clocks."""
+    import jax
+
+    os.environ.clear()
+    os.environ.update(environ)
+    jax.config.update("jax_enable_x64", x64)
+    runtime = sys.modules.get("jaxfog.runtime")
+    if runtime is not None and runtime.is_initialized():
+        from jaxfog import simulation, topology
+
+        runtime.set_topology(topology.exponential(runtime.size()))
+        simulation.reset_clocks()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """In each rank (``python -m jaxfog.testing FILE FUNCTION``): runs FUNCTION
-    (or its ``mpi_body``) from FILE; on an exception reports it and aborts the job."""
-    file, function = (sys.argv[1:] if argv is None else argv)
-    target = getattr(_load(file), function)
-    body = getattr(target, "mpi_body", target)
-    try:
-        body()
-    except BaseException as error:  # noqa: BLE001 (report every failure, then abort)
+    """In each rank (``python -m jaxfog.testing FILE FUNCTION...``): runs each
+    FUNCTION (or its ``mpi_body``) from FILE in turn, the ranks together; on an
+    exception reports it and aborts the job."""
+    file, *functions = (sys.argv[1:] if argv is None else argv)
+    module = _load(file)
+    import jax
+
+    progress = os.environ.get(PROGRESS_ENV)
+    note = Path(progress, f"rank{_launch_rank()}") if progress else None
+    environ, x64 = dict(os.environ), bool(jax.config.jax_enable_x64)
+    for function in functions:
+        if note is not None:
+            with note.open("a") as out:
+                out.write(f"start {function}\n")
+        target = getattr(module, function)
+        try:
+            getattr(target, "mpi_body", target)()
+        except BaseException as error:  # noqa: BLE001 (report every failure, then abort)
+            from mpi4py import MPI
+
+            _fail(MPI.COMM_WORLD.Get_rank(), error)
         from mpi4py import MPI
 
-        _fail(MPI.COMM_WORLD.Get_rank(), error)
-    from mpi4py import MPI
+        # Every rank leaves together, so none finalizes (or starts the next
+        # function) while a peer still works.
+        MPI.COMM_WORLD.Barrier()
+        if note is not None:
+            with note.open("a") as out:
+                out.write(f"ok {function}\n")
+        _between_functions(environ, x64)
 
-    # Every rank leaves together, so none finalizes while a peer still works.
-    MPI.COMM_WORLD.Barrier()
 
-
-__all__ = ["MpiResult", "launch_environment", "main", "platforms", "run_command", "run_mpi"]
+__all__ = ["MpiResult", "PROGRESS_ENV", "launch_environment", "main", "platforms", "run_command",
+           "run_mpi"]
 
 
 if __name__ == "__main__":

@@ -13,3 +13,13 @@ def x64():
     modules use it with ``pytestmark = [..., pytest.mark.usefixtures("x64")]``."""
     with jax.enable_x64(True):
         yield
+
+
+def pytest_collection_finish(session):
+    """Tells ``mpi_harness`` which multi-rank tests run, so that a launch runs
+    only selected bodies (``-k``, a node id)."""
+    import mpi_harness
+
+    mpi_harness.SELECTED = {
+        item.function.mpi_entry.key(item.callspec.params["nprocs"])
+        for item in session.items if hasattr(getattr(item, "function", None), "mpi_entry")}

@@ -1,13 +1,27 @@
-"""``@mpi_test``: a test whose body runs on N MPI ranks, launched from pytest."""
+"""``@mpi_test``: a test whose body runs on N MPI ranks, launched from pytest.
+
+The bodies of a test module that run on the same number of ranks with the
+same environment run in one launch, one after the other (the next starts with
+the environment, float64 setting, topology and clocks the launch began
+with): a launch costs each rank its start, imports and compiles, seconds on 2
+cores. Each body keeps its own timeout and its own pass or fail; a body that
+fails or hangs ends the launch, and the ones after it run in a launch of
+their own. ``alone=True`` keeps a body to a launch of its own (it shuts
+jaxfog down, starts ``jax.distributed``, or needs a fresh process).
+"""
 
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Mapping, Sequence
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
 import pytest
 
-from jaxfog.testing import run_mpi
+from jaxfog.testing import PROGRESS_ENV, run_mpi
 
 #: Rank counts every multi-rank test runs with by default: even, power of 2, odd.
 DEFAULT_NPROCS = (2, 4, 5)
@@ -17,8 +31,33 @@ DEFAULT_NPROCS = (2, 4, 5)
 ALL_ASYNC_NPROCS = 2
 
 
+class _Body:
+    def __init__(self, file: str, name: str, nprocs: Sequence[int], timeout: float,
+                 env: Mapping[str, str], alone: bool):
+        self.file, self.name, self.nprocs = file, name, tuple(nprocs)
+        self.timeout, self.env, self.alone = timeout, dict(env), alone
+
+    def key(self, nprocs: int) -> tuple:
+        """What names this body's test on ``nprocs`` ranks (a body may be
+        registered twice: tests/test_gpu_build.py runs others' with its env)."""
+        return (self.file, self.name, nprocs, tuple(sorted(self.env.items())))
+
+    def launch_env(self, nprocs: int) -> dict[str, str]:
+        mode = {"JAXFOG_ASYNC_MIN_BYTES": "0"} if nprocs == ALL_ASYNC_NPROCS else {}
+        return {**mode, **self.env}
+
+
+#: Every body, by module file, in the order of the module.
+_BODIES: dict[str, list[_Body]] = {}
+#: ``_Body.key`` -> None (passed) or the failure's report, for the bodies that
+#: ran in a launch before their test was called.
+_OUTCOMES: dict[tuple, str | None] = {}
+#: The ``_Body.key`` of the tests pytest selected (set by conftest.py).
+SELECTED: set[tuple] | None = None
+
+
 def mpi_test(nprocs: Sequence[int] = DEFAULT_NPROCS, *, timeout: float = 120,
-             env: Mapping[str, str] | None = None) -> Callable:
+             env: Mapping[str, str] | None = None, alone: bool = False) -> Callable:
     """Turns ``body()`` into a pytest test run on each rank count in ``nprocs``.
 
     The body runs in every rank (it calls ``jaxfog.init()`` itself); the test
@@ -27,18 +66,100 @@ def mpi_test(nprocs: Sequence[int] = DEFAULT_NPROCS, *, timeout: float = 120,
     """
     def decorate(body: Callable[[], None]) -> Callable:
         file = inspect.getsourcefile(body)
+        entry = _Body(file, body.__name__, nprocs, timeout, env or {}, alone)
+        _BODIES.setdefault(file, []).append(entry)
 
         @pytest.mark.parametrize("nprocs", nprocs)
         def test(nprocs: int) -> None:
-            mode = {"JAXFOG_ASYNC_MIN_BYTES": "0"} if nprocs == ALL_ASYNC_NPROCS else {}
-            result = run_mpi(nprocs, file, body.__name__, timeout=timeout,
-                             env={**mode, **(env or {})})
-            if not result.ok:
-                pytest.fail(result.report(), pytrace=False)
+            key = entry.key(nprocs)
+            if key not in _OUTCOMES:
+                _launch(_batch(entry, nprocs), nprocs)
+            failure = _OUTCOMES.pop(key)
+            if failure is not None:
+                pytest.fail(failure, pytrace=False)
 
         test.mpi_body = body
+        test.mpi_entry = entry
         test.__name__ = body.__name__
         test.__doc__ = body.__doc__
         return test
 
     return decorate
+
+
+def _batch(first: _Body, nprocs: int) -> list[_Body]:
+    """``first`` and the selected bodies after it in its module that can share its launch."""
+    if first.alone:
+        return [first]
+    batch = [first]
+    bodies = _BODIES[first.file]
+    for body in bodies[bodies.index(first) + 1:]:
+        key = body.key(nprocs)
+        if (not body.alone and nprocs in body.nprocs and key not in _OUTCOMES
+                and body.launch_env(nprocs) == first.launch_env(nprocs)
+                and SELECTED is not None and key in SELECTED):
+            batch.append(body)
+    return batch
+
+
+def _launch(batch: list[_Body], nprocs: int) -> None:
+    """Runs ``batch`` in one launch on ``nprocs`` ranks and records each body's outcome."""
+    names = [body.name for body in batch]
+    with tempfile.TemporaryDirectory(prefix="jaxfog-progress-") as progress:
+        notes = [Path(progress, f"rank{r}") for r in range(nprocs)]
+        seen: dict[str, float] = {}  # body -> when a rank was first seen starting it
+        hung: list[_Body] = []
+
+        def lines() -> list[list[str]]:
+            return [n.read_text().split("\n") if n.exists() else [] for n in notes]
+
+        def stop() -> bool:
+            started = {line[6:] for rank in lines() for line in rank if line.startswith("start ")}
+            now = time.monotonic()
+            for body in batch:
+                if body.name in started:
+                    seen.setdefault(body.name, now)
+            for body in batch:
+                done = all(f"ok {body.name}" in rank for rank in lines())
+                if body.name in seen and not done and now - seen[body.name] > body.timeout:
+                    hung.append(body)
+                    return True
+            return False
+
+        result = run_mpi(nprocs, batch[0].file, names, env={
+            **batch[0].launch_env(nprocs), PROGRESS_ENV: progress},
+            timeout=sum(body.timeout for body in batch), stop=stop if len(batch) > 1 else None)
+        ranks = lines()
+    passed = [body for body in batch if all(f"ok {body.name}" in rank for rank in ranks)]
+    for body in passed:
+        _OUTCOMES[body.key(nprocs)] = None
+    if result.ok and len(passed) == len(batch):
+        return
+    failed = hung[0] if hung else next((b for b in batch if b not in passed), batch[-1])
+    why = (f"{failed.name} did not end within its timeout ({failed.timeout:g} s)\n"
+           if hung or result.returncode is None else "")
+    shared = (f"(one launch ran {', '.join(names)}; {len(passed)} passed)\n"
+              if len(batch) > 1 else "")
+    _OUTCOMES[failed.key(nprocs)] = why + shared + result.report()
+
+
+def computed_once(compute: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    """``[compute(item) for item in items]`` in every rank, each computed by one
+    rank (item k by rank k mod size) and shared as numpy.
+
+    The reference a multi-rank test compares with (the simulation) is the same
+    on every rank: computed on all of them, it took half of a 4-rank test's time
+    on 2 cores.
+    """
+    import jax
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    mine = {k: jax.tree.map(np.asarray, compute(item))
+            for k, item in enumerate(items) if k % size == rank}
+    everyone: dict[int, Any] = {}
+    for part in comm.allgather(mine):
+        everyone.update(part)
+    return [everyone[k] for k in range(len(items))]

@@ -66,7 +66,7 @@ def test_collective_on_one_rank_fails_soon_after_the_other_exits(tmp_path, windo
     assert seconds < 2 * SOON + 60, output  # start-up of two JAX processes included
 
 
-@mpi_test(nprocs=(3,), env={"JAXFOG_TIMEOUT": "300"}, timeout=240)
+@mpi_test(nprocs=(3,), env={"JAXFOG_TIMEOUT": "300"}, timeout=240, alone=True)
 def test_op_waiting_for_ranks_that_shut_down_fails_naming_them():
     import re
 
@@ -92,7 +92,7 @@ def test_op_waiting_for_ranks_that_shut_down_fails_naming_them():
 
 
 @mpi_test(nprocs=(4,), env={"JAXFOG_TIMEOUT": "300", "JAXFOG_NODES_PER_MACHINE": "2"},
-          timeout=240)
+          timeout=240, alone=True)
 def test_machine_communicators_name_world_ranks():
     """Machines {0, 1} and {2, 3}; rank 3 leaves. Each failure ends a rank, which
     the next one waiting for it then hears of: 2 (machine allreduce), 0 (leaders'
@@ -118,7 +118,7 @@ def test_machine_communicators_name_world_ranks():
     jf.shutdown()
 
 
-@mpi_test(nprocs=(3,), env={"JAXFOG_TIMEOUT": "300"}, timeout=240)
+@mpi_test(nprocs=(3,), env={"JAXFOG_TIMEOUT": "300"}, timeout=240, alone=True)
 def test_neighbor_op_outlives_a_rank_it_does_not_talk_to():
     import jax.numpy as jnp
     import numpy as np
@@ -288,7 +288,7 @@ def test_sigterm_during_a_wait_says_what_it_waited_for_then_ends(tmp_path, case)
     assert ended < SOON, output
 
 
-@mpi_test(nprocs=(3,), env={"JAXFOG_TIMEOUT": "300"}, timeout=240)
+@mpi_test(nprocs=(3,), env={"JAXFOG_TIMEOUT": "300"}, timeout=240, alone=True)
 def test_a_rank_that_left_after_a_failed_op_is_named_so():
     """Rank 2 ends; rank 1's op #2, which waits for it, fails; rank 1 ends too.
     Rank 0's op #3 waits for rank 1: its error says rank 1 had failed, not
@@ -389,7 +389,7 @@ def test_sigint_during_a_wait_is_a_keyboard_interrupt_naming_the_op(tmp_path, ca
     assert "op #2 done" not in output, output
 
 
-@mpi_test(nprocs=(3,), env={"JAXFOG_TIMEOUT": "300"}, timeout=240)
+@mpi_test(nprocs=(3,), env={"JAXFOG_TIMEOUT": "300"}, timeout=240, alone=True)
 def test_window_ops_towards_a_rank_that_left_fail_at_once_naming_it():
     """Rank 2 shuts down (its goodbye, then the collective free of its window,
     where it waits for the others): a put, an accumulate, a get or a mutex

@@ -138,11 +138,11 @@ def _dispatch_then_stop(explicit_shutdown: bool):
     # Otherwise the process exits now; shutdown runs at exit before JAX's teardown.
 
 
-@mpi_test(nprocs=(2, 4), timeout=180)
+@mpi_test(nprocs=(2, 4), timeout=180, alone=True)
 def test_shutdown_right_after_async_dispatch():
     _dispatch_then_stop(explicit_shutdown=True)
 
 
-@mpi_test(nprocs=(2, 4), timeout=180)
+@mpi_test(nprocs=(2, 4), timeout=180, alone=True)
 def test_exit_right_after_async_dispatch():
     _dispatch_then_stop(explicit_shutdown=False)

@@ -208,7 +208,7 @@ def test_gradients_through_start_and_wait_equal_the_blocking_ops():
                                jax.grad(lambda x: unrolled(x, False))(x), rtol=1e-12)
 
 
-@mpi_test((2,))
+@mpi_test((2,), alone=True)
 def test_misuse_gets_a_clear_error():
     import warnings
 

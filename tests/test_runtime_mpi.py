@@ -149,7 +149,7 @@ def test_barrier_times_out_with_clear_error():
         jf.barrier()  # completes the barrier the others gave up on
 
 
-@mpi_test(nprocs=(2,))
+@mpi_test(nprocs=(2,), alone=True)
 def test_shutdown_and_reinit():
     import jaxfog as jf
     from jaxfog import topology as T
