@@ -116,6 +116,7 @@ def main(simulated: int = 4, method: str = "atc", steps: int = 60, every: int = 
              for k in (kill.split(",") if kill else [])}   # (rank, launch) -> step
     for step in state.steps(steps):
         if not agents.simulated and kills.get((jf.rank(), launch)) == step:
+            state.wait()  # the last snapshot is on disk: where the run resumes is known
             os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
         state.params, state.opt_state, loss = train_step(state.params, state.opt_state,
                                                          x, y, jnp.int32(step))

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import socket
 import stat
 import sys
+import textwrap
 from pathlib import Path
 
 import jax
@@ -143,6 +145,33 @@ def test_more_failures_than_allowed_end_the_run_with_the_failure(tmp_path):
     assert "--max-restarts 1 are spent; giving up" in result.output
     assert not out.exists()
     assert os.path.exists(tmp_path / "s")
+
+
+def test_a_relaunch_loads_what_the_first_launch_compiled(tmp_path):
+    """``--max-restarts`` points JAX's persistent compilation cache at a folder
+    of the job's: the relaunched rank finds the programs the first launch
+    compiled (a relaunch's start on 2 cores was half compiling), and the
+    folder is gone when the job ends."""
+    program = tmp_path / "compiles.py"
+    program.write_text(textwrap.dedent("""
+        import os, sys
+        import jax, jax.numpy as jnp
+        cache, launch = os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAXFOG_ELASTIC_RESTART"]
+        before = len(os.listdir(cache)) if os.path.isdir(cache) else 0
+        jax.jit(lambda x: jnp.sin(x) * 2)(jnp.ones(3)).block_until_ready()
+        print(f"launch {launch}: {before} compiled before, in {cache}", flush=True)
+        sys.exit(3 if launch == "0" else 0)
+    """))
+    env = launch_environment()
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    result = run_command([sys.executable, "-m", "jaxfog.cli", "run", "-np", "1",
+                          "--max-restarts", "1", "--", sys.executable, str(program)],
+                         timeout=120, env=env)
+    assert result.ok, result.report()
+    first = re.search(r"launch 0: 0 compiled before, in (\S+)", result.output)
+    again = re.search(r"launch 1: (\d+) compiled before", result.output)
+    assert first and again and int(again.group(1)) > 0, result.output
+    assert not os.path.exists(first.group(1))
 
 
 @mpi_test(nprocs=(2,), timeout=120)

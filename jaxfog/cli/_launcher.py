@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from jaxfog.errors import JaxfogError
 
@@ -69,6 +69,8 @@ def mpi_flavour(mpiexec: str) -> str:
 #: MPICH's asynchronous progress (a thread per rank that progresses one-sided
 #: operations); ``jaxfog run`` turns it on for runs over several hosts.
 ASYNC_PROGRESS_ENV = "MPIR_CVAR_ASYNC_PROGRESS"
+#: JAX's persistent compilation cache, which ``--max-restarts`` points at a folder of the job's.
+COMPILATION_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 
 
 def build_command(command: Sequence[str], np: int, *, hosts: str | None = None,
@@ -387,9 +389,13 @@ def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: i
     seconds (default 10); when it names hosts or slots the job does not have,
     the job is asked to stop at its next snapshot (``jaxfog.elastic``) and is
     relaunched with them, without counting as a failure. Every rank learns
-    the launch's number from ``JAXFOG_ELASTIC_RESTART``."""
+    the launch's number from ``JAXFOG_ELASTIC_RESTART``.
+
+    The ranks keep XLA's compiled programs in JAX's persistent compilation
+    cache, in a folder of the job's (unless ``JAX_COMPILATION_CACHE_DIR`` is
+    set), whatever their compile time: a relaunched rank loads them instead of
+    compiling again."""
     import tempfile
-    import time
 
     if max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {max_restarts}")
@@ -412,9 +418,27 @@ def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: i
             return None  # this machine only
         return probe_hosts(listed, mpiexec=mpiexec, flavour=flavour, env=env, timeout=timeout)
 
-    control = os.path.join(tempfile.mkdtemp(prefix="jaxfog-elastic-"), "rescale")
+    scratch = tempfile.mkdtemp(prefix="jaxfog-elastic-")
+    control = os.path.join(scratch, "rescale")
+    env.setdefault(COMPILATION_CACHE_ENV, os.path.join(scratch, "compiled"))
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    try:
+        return _relaunch(command, np, min_np, max_restarts, mpi_args, env, mpiexec, flavour,
+                         available, control, listed if dry_run else None, dry_run,
+                         discovery_script, interval, timeout)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _relaunch(command: Sequence[str], np: int, min_np: int, max_restarts: int,
+              mpi_args: Sequence[str], env: dict[str, str], mpiexec: str, flavour: str,
+              available: Callable[[], dict[str, int] | None], control: str,
+              found: dict[str, int] | None, dry_run: bool, discovery_script: str | None,
+              interval: float, timeout: float) -> int:
+    """:func:`run_elastic`'s launches, until one succeeds or the failures are spent."""
+    import time
+
     failures = launch = 0
-    found = listed if dry_run else None
     while True:
         found = available() if not dry_run else found
         ranks = np if found is None else min(np, sum(found.values()))
