@@ -13,7 +13,6 @@ jaxfog down, starts ``jax.distributed``, or needs a fresh process).
 from __future__ import annotations
 
 import inspect
-import os
 import tempfile
 import time
 from pathlib import Path

@@ -156,7 +156,8 @@ def test_a_relaunch_loads_what_the_first_launch_compiled(tmp_path):
     program.write_text(textwrap.dedent("""
         import os, sys
         import jax, jax.numpy as jnp
-        cache, launch = os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAXFOG_ELASTIC_RESTART"]
+        cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+        launch = os.environ["JAXFOG_ELASTIC_RESTART"]
         before = len(os.listdir(cache)) if os.path.isdir(cache) else 0
         jax.jit(lambda x: jnp.sin(x) * 2)(jnp.ones(3)).block_until_ready()
         print(f"launch {launch}: {before} compiled before, in {cache}", flush=True)
