@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,16 @@ def test_cpu_threads_capped_only_when_oversubscribed():
     env["XLA_FLAGS"] = "--xla_dump_to=/tmp/d"
     assert launcher.rank_environment(env, cores=2)["XLA_FLAGS"].startswith(
         "--xla_dump_to=/tmp/d --xla_cpu_multi_thread_eigen=false")
+
+
+def test_every_rank_gets_a_folder_of_its_own_in_the_compilation_cache():
+    """JAX writes a cache entry in place: ranks sharing the folder (on a host,
+    or hosts on one file system) could read each other's half-written entries."""
+    env = {"MPI_LOCALRANKID": "2", "MPI_LOCALNRANKS": "4", "JAX_COMPILATION_CACHE_DIR": "/c"}
+    host = socket.gethostname()
+    assert launcher.rank_environment(env, cores=8)["JAX_COMPILATION_CACHE_DIR"] == f"/c/{host}.2"
+    del env["JAX_COMPILATION_CACHE_DIR"]
+    assert "JAX_COMPILATION_CACHE_DIR" not in launcher.rank_environment(env, cores=8)
 
 
 def test_jaxfog_run_end_to_end(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -163,9 +164,17 @@ def visible_gpus(env: Mapping[str, str]) -> list[str]:
 
 
 def rank_environment(env: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
-    """The environment changes for one rank: its GPU and the CPU thread cap."""
+    """The environment changes for one rank: its GPU, the CPU thread cap, and
+    its own folder of JAX's persistent compilation cache."""
     local_rank, local_size = local_rank_and_size(env)
     changes: dict[str, str] = {}
+    cache = env.get(COMPILATION_CACHE_ENV)
+    if cache:
+        # JAX writes an entry in place: a rank reading one while another rank
+        # (of this host, or of another sharing the file system) writes it would
+        # read part of it, and compile again with a warning.
+        changes[COMPILATION_CACHE_ENV] = os.path.join(
+            cache, f"{socket.gethostname()}.{local_rank}")
     gpus = visible_gpus(env)
     if gpus:
         changes["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
