@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from jaxfog import runtime, simulation, topology
 from jaxfog.cli import _launcher
 
 #: Seconds a failed rank waits for the others to fail too before aborting.
@@ -206,10 +207,7 @@ def _between_functions(environ: dict[str, str], x64: bool) -> None:
     os.environ.clear()
     os.environ.update(environ)
     jax.config.update("jax_enable_x64", x64)
-    runtime = sys.modules.get("jaxfog.runtime")
-    if runtime is not None and runtime.is_initialized():
-        from jaxfog import simulation, topology
-
+    if runtime.is_initialized():
         runtime.set_topology(topology.exponential(runtime.size()))
         simulation.reset_clocks()
 
@@ -247,8 +245,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         _between_functions(environ, x64)
 
 
-__all__ = ["MpiResult", "PROGRESS_ENV", "launch_environment", "main", "platforms", "run_command",
-           "run_mpi"]
+__all__ = ["MpiResult", "launch_environment", "main", "platforms", "run_command", "run_mpi"]
 
 
 if __name__ == "__main__":

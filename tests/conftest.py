@@ -3,6 +3,7 @@ that run a test's body import only the test's own module)."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -13,19 +14,15 @@ import tempfile
 # same programs compiled again in another test, launch or rank count are
 # loaded instead (a fifth of the suite's time on 2 cores). Unless the caller
 # chose a cache.
-_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _CACHE = tempfile.mkdtemp(prefix="jaxfog-tests-xla-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    # The last thing at exit (registered first): JAX may still compile in exit handlers.
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
-
-
-def pytest_sessionfinish(session, exitstatus):
-    if _CACHE is not None:
-        shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 @pytest.fixture
