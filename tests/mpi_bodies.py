@@ -29,3 +29,37 @@ def deadlocks():
 
     comm = MPI.COMM_WORLD
     comm.recv(source=(comm.Get_rank() + 1) % comm.Get_size())  # everyone receives
+
+
+def succeeds_too():
+    succeeds()
+
+
+def leaves_float64_a_topology_and_a_variable():
+    import os
+
+    import jax
+
+    import jaxfog as jf
+    import jaxfog.topology as T
+
+    jax.config.update("jax_enable_x64", True)
+    os.environ["JAXFOG_LEFT_BEHIND"] = "1"
+    jf.init()
+    jf.set_topology(T.ring(jf.size()))
+
+
+def starts_afresh():
+    """What the previous body of its launch left is undone."""
+    import os
+
+    import jax
+    import numpy as np
+
+    import jaxfog as jf
+    import jaxfog.topology as T
+
+    jf.init()
+    assert not jax.config.jax_enable_x64 and "JAXFOG_LEFT_BEHIND" not in os.environ
+    np.testing.assert_array_equal(jf.load_topology().weights,
+                                  T.exponential(jf.size()).weights)

@@ -76,3 +76,42 @@ def test_processes_in_sessions_of_their_own_die_with_the_launch(tmp_path):
         assert (result.returncode is None) == bool(hang), result.report()
         grandchild = int(pid_file.read_text())
         assert not _alive(grandchild), f"process {grandchild} outlived run_command"
+
+
+# --- several bodies in one launch (tests/mpi_harness.py) -------------------------------
+
+def _batched(names_and_timeouts, nprocs=2):
+    """Runs the bodies in one launch; returns each one's outcome (missing: not run)."""
+    import mpi_harness
+
+    batch = [mpi_harness._Body(str(BODIES), name, (nprocs,), timeout, {}, False)
+             for name, timeout in names_and_timeouts]
+    mpi_harness._launch(batch, nprocs)
+    return {body.name: mpi_harness._OUTCOMES.pop(body.key(nprocs), "not run")
+            for body in batch}
+
+
+def test_bodies_sharing_a_launch_each_start_afresh():
+    outcomes = _batched([("leaves_float64_a_topology_and_a_variable", 60),
+                         ("starts_afresh", 60), ("succeeds", 60)])
+    assert outcomes == {"leaves_float64_a_topology_and_a_variable": None,
+                        "starts_afresh": None, "succeeds": None}, outcomes
+
+
+def test_a_failing_body_is_named_and_the_ones_after_it_run_later():
+    outcomes = _batched([("succeeds", 60), ("fails_on_rank_1", 60), ("succeeds_too", 60)],
+                        nprocs=3)
+    assert outcomes["succeeds"] is None and outcomes["succeeds_too"] == "not run"
+    failure = outcomes["fails_on_rank_1"]
+    assert "(one launch ran succeeds, fails_on_rank_1, succeeds_too; 1 passed)" in failure
+    assert "AssertionError: rank 1 disagrees" in failure
+
+
+def test_a_body_that_hangs_fails_at_its_own_timeout():
+    import time
+
+    start = time.monotonic()
+    outcomes = _batched([("succeeds", 60), ("deadlocks", 6), ("succeeds_too", 60)])
+    assert time.monotonic() - start < 40  # not the launch's 126 s
+    assert outcomes["succeeds"] is None and outcomes["succeeds_too"] == "not run"
+    assert "deadlocks did not end within its timeout (6 s)" in outcomes["deadlocks"]
