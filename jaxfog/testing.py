@@ -191,14 +191,6 @@ def _fail(rank: int, error: BaseException) -> None:
 PROGRESS_ENV = "JAXFOG_TEST_PROGRESS"
 
 
-def _launch_rank() -> str:
-    """This process's rank, from the launcher's environment (before MPI starts)."""
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
-        if name in os.environ:
-            return os.environ[name]
-    return "0"
-
-
 def _between_functions(environ: dict[str, str], x64: bool) -> None:
     """Undoes what one function of a launch leaves behind for the next: the
     environment, float64, jaxfog's topology (back to the default) and clocks."""
@@ -221,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     import jax
 
     progress = os.environ.get(PROGRESS_ENV)
-    note = Path(progress, f"rank{_launch_rank()}") if progress else None
+    rank = _launcher._first_int(os.environ, _launcher._RANK_VARS) or 0  # before MPI starts
+    note = Path(progress, f"rank{rank}") if progress else None
     environ, x64 = dict(os.environ), bool(jax.config.jax_enable_x64)
     for function in functions:
         if note is not None:

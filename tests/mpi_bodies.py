@@ -44,7 +44,7 @@ def leaves_float64_a_topology_and_a_variable():
     import jaxfog.topology as T
 
     jax.config.update("jax_enable_x64", True)
-    os.environ["JAXFOG_LEFT_BEHIND"] = "1"
+    os.environ["HARNESS_TEST_LEFT_BEHIND"] = "1"
     jf.init()
     jf.set_topology(T.ring(jf.size()))
 
@@ -60,6 +60,6 @@ def starts_afresh():
     import jaxfog.topology as T
 
     jf.init()
-    assert not jax.config.jax_enable_x64 and "JAXFOG_LEFT_BEHIND" not in os.environ
+    assert not jax.config.jax_enable_x64 and "HARNESS_TEST_LEFT_BEHIND" not in os.environ
     np.testing.assert_array_equal(jf.load_topology().weights,
                                   T.exponential(jf.size()).weights)

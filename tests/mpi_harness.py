@@ -113,13 +113,12 @@ def _launch(batch: list[_Body], nprocs: int) -> None:
             return [n.read_text().split("\n") if n.exists() else [] for n in notes]
 
         def stop() -> bool:
-            started = {line[6:] for rank in lines() for line in rank if line.startswith("start ")}
-            now = time.monotonic()
+            ranks, now = lines(), time.monotonic()
             for body in batch:
-                if body.name in started:
+                if any(f"start {body.name}" in rank for rank in ranks):
                     seen.setdefault(body.name, now)
             for body in batch:
-                done = all(f"ok {body.name}" in rank for rank in lines())
+                done = all(f"ok {body.name}" in rank for rank in ranks)
                 if body.name in seen and not done and now - seen[body.name] > body.timeout:
                     hung.append(body)
                     return True

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from jaxfog.errors import JaxfogError
 
@@ -405,6 +405,7 @@ def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: i
     set), whatever their compile time: a relaunched rank loads them instead of
     compiling again."""
     import tempfile
+    import time
 
     if max_restarts < 0:
         raise ValueError(f"--max-restarts must be >= 0, got {max_restarts}")
@@ -431,71 +432,59 @@ def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: i
     control = os.path.join(scratch, "rescale")
     env.setdefault(COMPILATION_CACHE_ENV, os.path.join(scratch, "compiled"))
     env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    found = listed if dry_run else None
     try:
-        return _relaunch(command, np, min_np, max_restarts, mpi_args, env, mpiexec, flavour,
-                         available, control, listed if dry_run else None, dry_run,
-                         discovery_script, interval, timeout)
+        failures = launch = 0
+        while True:
+            found = available() if not dry_run else found
+            ranks = np if found is None else min(np, sum(found.values()))
+            if ranks < min_np:
+                print(f"jaxfog run: {ranks} slot(s) reachable ({_format_hosts(found or {})}), "
+                      f"fewer than --min-np {min_np}; giving up", file=sys.stderr, flush=True)
+                return 1
+            env.update({"JAXFOG_ELASTIC_RESTART": str(launch), "JAXFOG_ELASTIC_CONTROL": control})
+            args = build_command(command, ranks, hosts=_format_hosts(found) if found else None,
+                                 mpi_args=mpi_args, mpiexec=mpiexec, flavour=flavour, env=env)
+            if dry_run:
+                print(shlex.join(args))
+                return 0
+            if launch:
+                print(f"jaxfog run: relaunch {launch} on {ranks} rank(s)"
+                      + (f" ({_format_hosts(found)})" if found else ""), file=sys.stderr,
+                      flush=True)
+            if os.path.exists(control):
+                os.remove(control)
+            started = time.monotonic()
+            process = subprocess.Popen(args, env=env)
+            while process.poll() is None:
+                try:
+                    process.wait(timeout=interval)
+                except subprocess.TimeoutExpired:
+                    if discovery_script and not os.path.exists(control):
+                        now = discover_hosts(discovery_script, env, timeout)
+                        if any(now.get(h, 0) > (found or {}).get(h, 0) for h in now) and (
+                                ranks < np):
+                            Path(control).touch()  # stop at the next snapshot
+            status = process.returncode
+            rescaled = os.path.exists(control)
+            if status == 0:
+                return 0
+            launch += 1
+            if rescaled:
+                print("jaxfog run: the job stopped to take in new hosts", file=sys.stderr,
+                      flush=True)
+                continue
+            failures += 1
+            if failures > max_restarts:
+                print(f"jaxfog run: the job failed (exit status {status}) after "
+                      f"{time.monotonic() - started:.1f} s, and --max-restarts {max_restarts} "
+                      "are spent; giving up", file=sys.stderr, flush=True)
+                return status
+            print(f"jaxfog run: the job failed (exit status {status}) after "
+                  f"{time.monotonic() - started:.1f} s; restart {failures} of {max_restarts}",
+                  file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _relaunch(command: Sequence[str], np: int, min_np: int, max_restarts: int,
-              mpi_args: Sequence[str], env: dict[str, str], mpiexec: str, flavour: str,
-              available: Callable[[], dict[str, int] | None], control: str,
-              found: dict[str, int] | None, dry_run: bool, discovery_script: str | None,
-              interval: float, timeout: float) -> int:
-    """:func:`run_elastic`'s launches, until one succeeds or the failures are spent."""
-    import time
-
-    failures = launch = 0
-    while True:
-        found = available() if not dry_run else found
-        ranks = np if found is None else min(np, sum(found.values()))
-        if ranks < min_np:
-            print(f"jaxfog run: {ranks} slot(s) reachable ({_format_hosts(found or {})}), "
-                  f"fewer than --min-np {min_np}; giving up", file=sys.stderr, flush=True)
-            return 1
-        env.update({"JAXFOG_ELASTIC_RESTART": str(launch), "JAXFOG_ELASTIC_CONTROL": control})
-        args = build_command(command, ranks, hosts=_format_hosts(found) if found else None,
-                             mpi_args=mpi_args, mpiexec=mpiexec, flavour=flavour, env=env)
-        if dry_run:
-            print(shlex.join(args))
-            return 0
-        if launch:
-            print(f"jaxfog run: relaunch {launch} on {ranks} rank(s)"
-                  + (f" ({_format_hosts(found)})" if found else ""), file=sys.stderr,
-                  flush=True)
-        if os.path.exists(control):
-            os.remove(control)
-        started = time.monotonic()
-        process = subprocess.Popen(args, env=env)
-        while process.poll() is None:
-            try:
-                process.wait(timeout=interval)
-            except subprocess.TimeoutExpired:
-                if discovery_script and not os.path.exists(control):
-                    now = discover_hosts(discovery_script, env, timeout)
-                    if any(now.get(h, 0) > (found or {}).get(h, 0) for h in now) and (
-                            ranks < np):
-                        Path(control).touch()  # stop at the next snapshot
-        status = process.returncode
-        rescaled = os.path.exists(control)
-        if status == 0:
-            return 0
-        launch += 1
-        if rescaled:
-            print("jaxfog run: the job stopped to take in new hosts", file=sys.stderr,
-                  flush=True)
-            continue
-        failures += 1
-        if failures > max_restarts:
-            print(f"jaxfog run: the job failed (exit status {status}) after "
-                  f"{time.monotonic() - started:.1f} s, and --max-restarts {max_restarts} "
-                  "are spent; giving up", file=sys.stderr, flush=True)
-            return status
-        print(f"jaxfog run: the job failed (exit status {status}) after "
-              f"{time.monotonic() - started:.1f} s; restart {failures} of {max_restarts}",
-              file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":  # the per-rank shim, run by path so it imports nothing heavy
