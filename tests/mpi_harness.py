@@ -103,7 +103,19 @@ def _batch(first: _Body, nprocs: int) -> list[_Body]:
 
 def _launch(batch: list[_Body], nprocs: int) -> None:
     """Runs ``batch`` in one launch on ``nprocs`` ranks and records each body's outcome."""
+    outcomes = run_bodies(batch, nprocs, batch[0].launch_env(nprocs))
+    for body, outcome in zip(batch, outcomes):
+        if outcome is not False:
+            _OUTCOMES[body.key(nprocs)] = outcome
+
+
+def run_bodies(batch: Sequence[_Body], nprocs: int, env: Mapping[str, str],
+               timeout: float | None = None) -> list[str | None | bool]:
+    """Runs ``batch`` one after the other in one launch on ``nprocs`` ranks with
+    ``env``; each body's outcome: None (passed), the failure's report, or False
+    (not run: a body before it failed or hung). ``timeout`` replaces the bodies' own."""
     names = [body.name for body in batch]
+    limit = {body.name: timeout or body.timeout for body in batch}
     with tempfile.TemporaryDirectory(prefix="jaxfog-progress-") as progress:
         notes = [Path(progress, f"rank{r}") for r in range(nprocs)]
         seen: dict[str, float] = {}  # body -> when a rank was first seen starting it
@@ -119,26 +131,25 @@ def _launch(batch: list[_Body], nprocs: int) -> None:
                     seen.setdefault(body.name, now)
             for body in batch:
                 done = all(f"ok {body.name}" in rank for rank in ranks)
-                if body.name in seen and not done and now - seen[body.name] > body.timeout:
+                if body.name in seen and not done and now - seen[body.name] > limit[body.name]:
                     hung.append(body)
                     return True
             return False
 
-        result = run_mpi(nprocs, batch[0].file, names, env={
-            **batch[0].launch_env(nprocs), PROGRESS_ENV: progress},
-            timeout=sum(body.timeout for body in batch), stop=stop if len(batch) > 1 else None)
+        result = run_mpi(nprocs, batch[0].file, names, env={**env, PROGRESS_ENV: progress},
+                         timeout=sum(limit.values()), stop=stop if len(batch) > 1 else None)
         ranks = lines()
     passed = [body for body in batch if all(f"ok {body.name}" in rank for rank in ranks)]
-    for body in passed:
-        _OUTCOMES[body.key(nprocs)] = None
+    outcomes: list[str | None | bool] = [None if body in passed else False for body in batch]
     if result.ok and len(passed) == len(batch):
-        return
+        return outcomes
     failed = hung[0] if hung else next((b for b in batch if b not in passed), batch[-1])
-    why = (f"{failed.name} did not end within its timeout ({failed.timeout:g} s)\n"
+    why = (f"{failed.name} did not end within its timeout ({limit[failed.name]:g} s)\n"
            if hung or result.returncode is None else "")
     shared = (f"(one launch ran {', '.join(names)}; {len(passed)} passed)\n"
               if len(batch) > 1 else "")
-    _OUTCOMES[failed.key(nprocs)] = why + shared + result.report()
+    outcomes[batch.index(failed)] = why + shared + result.report()
+    return outcomes
 
 
 def computed_once(compute: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
