@@ -626,8 +626,26 @@ _FAILURE_SIGNS = ("has failed", "MPI_ERR_PROC_FAILED", "MPI_ERR_REVOKED", "PROC_
                   "REVOKED")
 
 
+def _known_failures() -> int:
+    """How many processes of jaxfog's communicator MPI knows to have failed
+    (ULFM's MPIX_Comm_get_failed, local)."""
+    try:
+        group = runtime.communicator().Get_failed()
+        try:
+            return group.Get_size()
+        finally:
+            group.Free()
+    except Exception:
+        return 0
+
+
 def _peer_failure(error: BaseException) -> bool:
-    """Whether ``error`` (or one it came from) says that a peer process failed."""
+    """Whether ``error`` (or one it came from) says that a peer process failed,
+    or MPI knows of a failed process (an op's error does not always name it:
+    ``MPI_ERR_IN_STATUS`` from a request to the dead rank completed with the
+    others)."""
+    if _known_failures():
+        return True
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
