@@ -628,9 +628,16 @@ _FAILURE_SIGNS = ("has failed", "MPI_ERR_PROC_FAILED", "MPI_ERR_REVOKED", "PROC_
 
 def _known_failures() -> int:
     """How many processes of jaxfog's communicator MPI knows to have failed
-    (ULFM's MPIX_Comm_get_failed, local)."""
+    (ULFM's MPIX_Comm_get_failed, local); 1 if a jaxfog communicator was
+    revoked by a peer."""
     try:
-        group = runtime.communicator().Get_failed()
+        state = runtime._require()
+        comms = (*state.comms.values(), state.python_comm, state.peers_comm)
+        # A survivor that saw the failure first revokes them (runtime.shrink):
+        # this rank's op may then fail with MPI_ERR_IN_STATUS only.
+        if any(comm.Is_revoked() for comm in comms):
+            return 1
+        group = state.python_comm.Get_failed()
         try:
             return group.Get_size()
         finally:
