@@ -74,6 +74,7 @@ import os
 import re
 import socket
 import threading
+import time
 import warnings
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
@@ -385,10 +386,15 @@ class State:
         self._writer = _Writer()
         self._fresh = dict(values)
         self.__dict__.update(values)
+        self._history: dict[int, dict[str, Any]] = {}  # step -> values before it
         if _churn is not None:
             self._resume_in_churn(_churn)
+        elif _in_place is not None and _in_place.resume is not None:
+            self._resume_in_place(_in_place.resume)
         else:
             self._resume()
+        if _in_place is not None:
+            _in_place.state = self
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_") or name in self._names or name in ("every", "version",
@@ -534,6 +540,27 @@ class State:
         self.resumed = Resumed(self.step, tuple(sim.members), copied, changed)
         sim.resumed.append(self.resumed)
 
+    # -- in place, under ULFM (see run) --
+
+    def _resume_in_place(self, resume: "_Resume") -> None:
+        rank = runtime.rank()
+        self.step, self.member = resume.step, resume.members[rank]
+        self._here = _host_directory(self.directory, socket.gethostname())
+        self._restore(resume.arrays, True)
+        self.resumed = Resumed(resume.step, tuple(resume.members), {}, True)
+
+    def _ready_steps(self) -> list[int]:
+        """The steps whose kept state is complete (a failed step's outputs are
+        errors: waiting for them raises)."""
+        ready = []
+        for step, values in self._history.items():
+            try:
+                jax.block_until_ready(values)
+                ready.append(step)
+            except Exception:
+                pass
+        return ready
+
     # -- the loop --
 
     def steps(self, total: int) -> Iterator[int]:
@@ -542,6 +569,10 @@ class State:
         total = V.integer(f"{_WHAT}.steps", "total", total, minimum=0)
         control = os.environ.get(CONTROL_ENV)
         while self.step < total:
+            if _in_place is not None:  # references: JAX arrays are immutable
+                self._history[self.step] = self.values
+                for old in sorted(self._history)[:-_in_place.keep]:
+                    del self._history[old]
             yield self.step
             self.step += 1
             if _churn is not None:
@@ -569,6 +600,155 @@ class State:
     def wait(self) -> None:
         """Waits for the snapshot being written (``steps`` does at its end)."""
         self._writer.wait()
+
+
+# --- in place, under ULFM -------------------------------------------------------------------
+
+class _Resume(NamedTuple):
+    step: int
+    arrays: dict  # the state before ``step``, flattened (keystr -> numpy)
+    members: list  # member id of each new rank
+
+
+class _InPlace:
+    """What :func:`run` shares with the :class:`State` of the program it runs."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self.state: State | None = None  # the State of the current run of the program
+        self.resume: _Resume | None = None
+        self.recoveries: list[dict] = []
+
+
+_in_place: _InPlace | None = None
+
+_FAILURE_SIGNS = ("has failed", "MPI_ERR_PROC_FAILED", "MPI_ERR_REVOKED", "PROC_FAILED",
+                  "REVOKED")
+
+
+def _known_failures() -> int:
+    """How many processes of jaxfog's communicator MPI knows to have failed
+    (ULFM's MPIX_Comm_get_failed, local); 1 if a jaxfog communicator was
+    revoked by a peer."""
+    try:
+        state = runtime._require()
+        comms = (*state.comms.values(), state.python_comm, state.peers_comm)
+        # A survivor that saw the failure first revokes them (runtime.shrink):
+        # this rank's op may then fail with MPI_ERR_IN_STATUS only.
+        if any(comm.Is_revoked() for comm in comms):
+            return 1
+        group = state.python_comm.Get_failed()
+        try:
+            return group.Get_size()
+        finally:
+            group.Free()
+    except Exception:
+        return 0
+
+
+def _peer_failure(error: BaseException) -> bool:
+    """Whether ``error`` (or one it came from) says that a peer process failed,
+    or MPI knows of a failed process (an op's error does not always name it:
+    ``MPI_ERR_IN_STATUS`` from a request to the dead rank completed with the
+    others)."""
+    if _known_failures():
+        return True
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        try:
+            from mpi4py import MPI
+            if isinstance(error, MPI.Exception) and error.Get_error_class() in (
+                    MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED):
+                return True
+        except ImportError:  # pragma: no cover
+            pass
+        if any(sign in str(error) for sign in _FAILURE_SIGNS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _recover(ip: _InPlace, error: BaseException) -> _Resume:
+    """Shrinks jaxfog to the survivors and agrees on the step they resume at."""
+    started = time.monotonic()
+    state = ip.state
+    old_ranks = runtime.shrink()
+    shrunk = time.monotonic()
+    comm = runtime.communicator()
+    ready = state._ready_steps() if state is not None else []
+    held = comm.allgather(ready)
+    common = set(held[0]).intersection(*held[1:])
+    if not common:
+        raise JaxfogError(
+            f"jaxfog.elastic.run: the survivors (old ranks {old_ranks}) hold no common step "
+            f"in memory (steps held: {held}); nothing to resume in place from") from error
+    step = max(common)
+    members = [state.resumed.members[r] for r in old_ranks]
+    arrays = _flatten(state._history[step])
+    record = {"step": step, "old_ranks": old_ranks, "members": members,
+              "shrink_s": shrunk - started, "recover_s": time.monotonic() - started}
+    ip.recoveries.append(record)
+    if runtime.rank() == 0:
+        lost = sorted(set(range(len(state.resumed.members))) - set(old_ranks))
+        print(f"jaxfog.elastic: rank(s) {lost} failed; resumed in place at step {step} on "
+              f"{runtime.size()} rank(s) (members {members}; shrink {record['shrink_s']:.2f} s, "
+              f"recovery {record['recover_s']:.2f} s)", flush=True)
+    return _Resume(step, arrays, members)
+
+
+def run(program: Callable[[int], Any], *, max_failures: int = 1, keep: int = 3) -> Any:
+    """Runs ``program(jaxfog.size())``, recovering in place when ranks fail.
+
+    Under Open MPI 5 with ULFM (``mpiexec --with-ft ulfm``), a rank's death
+    makes the survivors' ops fail (``rank r has failed``) instead of ending the
+    job. ``run`` then catches the error ``program`` raises, rebuilds jaxfog on
+    the survivors (:func:`jaxfog.runtime.shrink`: new ranks and size, default
+    topology ``exponential(size())``), and runs ``program`` again for the new
+    size, without a relaunch: its :class:`State` resumes from memory at the
+    newest step whose state every survivor holds (each keeps the state before
+    each of its last ``keep`` steps, as references), so the step that failed
+    is redone. Members keep their ids, and the optimizers' invariants are
+    restored as on a restart (:data:`RULES`): the same result as
+    :func:`simulate` with ``Change(leave=[...])`` at that step.
+
+    ``program(n)`` is the whole training for ``n`` ranks, as for
+    :func:`simulate`: it builds what depends on the size (topology, optimizer,
+    data shards, jitted steps), a :class:`State`, and loops over
+    ``state.steps``. An error that is not a peer's failure is raised as is, as
+    is the ``max_failures + 1``-th failure. One-sided windows do not survive a
+    recovery.
+
+    Where ULFM is absent (MPICH, Open MPI without ``--with-ft ulfm``, one
+    process), ``run`` calls ``program`` once: a failed rank ends the job, and
+    ``jaxfog run --max-restarts`` relaunches it (restart mode, from snapshots
+    on disk).
+
+    Returns:
+      ``program``'s return value of the last run.
+    """
+    global _in_place
+    max_failures = V.integer("jaxfog.elastic.run", "max_failures", max_failures, minimum=0)
+    keep = V.integer("jaxfog.elastic.run", "keep", keep, minimum=1)
+    runtime.init()
+    if runtime.size() == 1 or not runtime.fault_tolerant():
+        return program(runtime.size())
+    if _in_place is not None or _churn is not None:
+        raise JaxfogError("jaxfog.elastic.run: already running (it does not nest)")
+    ip = _in_place = _InPlace(keep)
+    failures = 0
+    try:
+        while True:
+            ip.state = None
+            try:
+                return program(runtime.size())
+            except Exception as error:
+                if failures >= max_failures or not _peer_failure(error):
+                    raise
+                failures += 1
+                ip.resume = _recover(ip, error)
+    finally:
+        _in_place = None
 
 
 # --- churn on simulated agents ---------------------------------------------------------------
@@ -631,4 +811,4 @@ def simulate(program: Callable[[int], Any], agents: int,
 
 
 __all__ = ["CONTROL_ENV", "Change", "DIRECTORY_ENV", "RESCALE_EXIT_STATUS", "RESTART_ENV",
-           "Plan", "Resumed", "RULES", "State", "plan", "simulate"]
+           "Plan", "Resumed", "RULES", "State", "plan", "run", "simulate"]

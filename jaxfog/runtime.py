@@ -307,40 +307,21 @@ class _bounded_mpi_init:
             self.watchdog.wait()
 
 
-def init(topology: T.Topology | Any | None = None) -> None:
-    """Initialises MPI and jaxfog; collective over all ranks.
+def _setup(lib, base) -> None:
+    """Sets jaxfog up over the processes of communicator ``base`` (``COMM_WORLD``
+    at ``init``, the survivors' shrunk communicator after :func:`shrink`):
+    duplicates of it for the C++ transports, Python's collectives and the peer
+    watch, the machine layout, the default topology. Collective over ``base``."""
+    from mpi4py import MPI
 
-    Args:
-      topology: the initial topology (a ``Topology`` or networkx graph);
-        default ``topology.exponential(size())``. Calling ``init`` again
-        only sets the topology if one is given.
-    """
-    global _state
-    _check_topology_type(topology, "init")
-    if _state is not None:
-        if topology is not None:
-            set_topology(topology)
-        return
-    import mpi4py
-
-    mpi4py.rc.thread_level = "multiple"
-    with _bounded_mpi_init(_seconds_from_env(INIT_TIMEOUT_ENV, DEFAULT_INIT_TIMEOUT_SECONDS,
-                                             "disables the bound")):
-        lib = ffi.library()  # it imports mpi4py.MPI, having chosen mpi4py's libmpi
-        from mpi4py import MPI
-
-    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        warnings.warn(
-            "MPI was initialised without MPI_THREAD_MULTIPLE (before jaxfog.init()); "
-            "communicating ops may run from several XLA threads", RuntimeWarning)
     timeout, max_message = _timeout_from_env(), _max_message_from_env()
     warn_after = _seconds_from_env(WARN_AFTER_ENV, DEFAULT_WARN_AFTER_SECONDS, "never warns")
-    comm = MPI.COMM_WORLD.Dup()
+    comm = base.Dup()
     comm.Set_name("jaxfog")
     comms = {WORLD_COMM_ID: comm}
-    python_comm = MPI.COMM_WORLD.Dup()
+    python_comm = base.Dup()
     python_comm.Set_name("jaxfog.python")
-    peers_comm = MPI.COMM_WORLD.Dup()
+    peers_comm = base.Dup()
     peers_comm.Set_name("jaxfog.peers")
     try:
         _watch_peers(lib, peers_comm, warn_after)  # before the transports, which use it
@@ -376,6 +357,7 @@ def init(topology: T.Topology | Any | None = None) -> None:
         _release(lib, comms, python_comm, peers_comm)
         raise
     size = comm.Get_size()
+    global _state
     _state = _State(comm=comm, comms=comms, python_comm=python_comm, peers_comm=peers_comm,
                     rank=rank, size=size,
                     local_rank=local_rank,
@@ -384,6 +366,35 @@ def init(topology: T.Topology | Any | None = None) -> None:
                     gpu_backend=gpu_backend,
                     topology=T.exponential(size), machine_topology=T.exponential(machine_size))
     _topology_changed()
+
+
+def init(topology: T.Topology | Any | None = None) -> None:
+    """Initialises MPI and jaxfog; collective over all ranks.
+
+    Args:
+      topology: the initial topology (a ``Topology`` or networkx graph);
+        default ``topology.exponential(size())``. Calling ``init`` again
+        only sets the topology if one is given.
+    """
+    global _state
+    _check_topology_type(topology, "init")
+    if _state is not None:
+        if topology is not None:
+            set_topology(topology)
+        return
+    import mpi4py
+
+    mpi4py.rc.thread_level = "multiple"
+    with _bounded_mpi_init(_seconds_from_env(INIT_TIMEOUT_ENV, DEFAULT_INIT_TIMEOUT_SECONDS,
+                                             "disables the bound")):
+        lib = ffi.library()  # it imports mpi4py.MPI, having chosen mpi4py's libmpi
+        from mpi4py import MPI
+
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        warnings.warn(
+            "MPI was initialised without MPI_THREAD_MULTIPLE (before jaxfog.init()); "
+            "communicating ops may run from several XLA threads", RuntimeWarning)
+    _setup(lib, MPI.COMM_WORLD)
     ffi.register_handlers()
     # JAX (imported by now) tears its backends down at exit; shutdown must run
     # first, while dispatched computations can still be waited for.
@@ -441,6 +452,72 @@ def _release(lib, comms: dict, python_comm, peers_comm) -> None:
     if not MPI.Is_finalized():
         for comm in (*comms.values(), python_comm, peers_comm):
             comm.Free()
+
+
+def fault_tolerant() -> bool:
+    """Whether this process runs under MPI with ULFM's fault tolerance on (Open
+    MPI 5 launched with ``mpiexec --with-ft ulfm``): survivors of a dead rank
+    then get errors instead of being ended, and :func:`shrink` can rebuild
+    jaxfog on them."""
+    _require()
+    from mpi4py import MPI
+
+    enabled = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower()
+    return (enabled in ("1", "true", "yes", "on") and hasattr(MPI.Comm, "Shrink")
+            and MPI.ERR_PROC_FAILED != MPI.ERR_UNKNOWN)
+
+
+def shrink() -> list[int]:
+    """Rebuilds jaxfog on the ranks still alive after a rank failed; collective
+    over the survivors (each calls it once it has seen a failure). ULFM only.
+
+    Revokes every jaxfog communicator (so that each survivor's pending and next
+    ops fail at once, wherever they wait), waits for the computations already
+    dispatched (their ops fail on the revoked communicators), discards the
+    nonblocking ops never waited for, releases the C++ transports and the peer
+    watch, shrinks the communicator to the survivors and sets jaxfog up again
+    on it: new ranks (the survivors in the order of their old ranks) and size,
+    machine layout, default topology ``exponential(size())`` (the topology
+    generation is bumped, so jitted ops trace again). One-sided windows do not
+    survive: they are forgotten (free them before, or create them again).
+
+    Returns:
+      The old rank of each survivor, in new rank order.
+    """
+    state = _require()
+    if not fault_tolerant():
+        raise BackendError(
+            "jaxfog.shrink needs MPI with ULFM fault tolerance on: Open MPI 5 launched "
+            "with `mpiexec --with-ft ulfm` (`jaxfog run --mpi-args='--with-ft ulfm'`); "
+            "elsewhere a failed rank ends the job, and `jaxfog run --max-restarts` "
+            "relaunches it")
+    from mpi4py import MPI
+
+    lib = ffi.library()
+    for comm in (*state.comms.values(), state.python_comm, state.peers_comm):
+        try:
+            comm.Revoke()
+        except MPI.Exception:  # already revoked by a peer
+            pass
+    _run_shutdown_hooks("fence")  # every dispatched op fails on the revoked communicators
+    _run_shutdown_hooks("discard")
+    try:  # windows: their collective free cannot run on a revoked communicator
+        from jaxfog.ops._backends import mpi_windows
+        mpi_windows._windows.clear()
+        mpi_windows._values.clear()
+        mpi_windows._primitive_machinery.windows_changed()
+    except Exception as error:  # pragma: no cover - no window support built
+        warnings.warn(f"jaxfog.shrink: forgetting the windows: {error}", RuntimeWarning)
+    survivors = state.python_comm.Shrink()
+    old_ranks = survivors.allgather(state.rank)
+    global _state
+    _state = None
+    _release(lib, state.comms, state.python_comm, state.peers_comm)
+    try:
+        _setup(lib, survivors)
+    finally:
+        survivors.Free()
+    return old_ranks
 
 
 def is_initialized() -> bool:
@@ -643,7 +720,7 @@ def communicator():
     return _require().python_comm
 
 
-__all__ = ["async_min_bytes", "gpu_backend", "in_neighbor_ranks", "init", "is_homogeneous",
+__all__ = ["async_min_bytes", "fault_tolerant", "gpu_backend", "in_neighbor_ranks", "init", "is_homogeneous",
            "is_initialized", "load_machine_topology", "load_topology", "local_rank", "local_size",
            "machine_rank", "machine_size", "out_neighbor_ranks", "rank", "set_async_min_bytes",
-           "set_machine_topology", "set_topology", "shutdown", "size"]
+           "set_machine_topology", "set_topology", "shutdown", "shrink", "size"]
