@@ -1,23 +1,27 @@
 """Elastic training of a Flax MLP on scikit-learn's digits (docs/guide/elastic.rst).
 
     jaxfog run -np 4 --max-restarts 3 python examples/elastic_digits.py   # MPI processes
+    jaxfog run -np 4 --mpi-args="--with-ft ulfm" python examples/elastic_digits.py  # in place
     python examples/elastic_digits.py                                       # 4 simulated agents
 
 The training loop is the optax guide's, with two changes: the state lives in a
 ``jaxfog.elastic.State``, and the loop runs over ``state.steps``. If a rank or
 a host dies, ``jaxfog run`` relaunches the job on the hosts still reachable
 and every rank resumes from its latest snapshot (or, on a new host, from a
-neighbour's live copy); everything that depends on the number of ranks (the
-topology, the optimizer, the data shards) is rebuilt below for the new size.
+neighbour's live copy); under Open MPI with ULFM, ``jaxfog.elastic.run``
+instead goes on with the survivors in place, from the state in memory.
+Everything that depends on the number of ranks (the topology, the optimizer,
+the data shards) is rebuilt below for the new size.
 
 Options: ``--method`` (atc, gradient_allreduce, gradient_tracking,
 exact_diffusion, push_sum, choco, diloco, streaming_diloco, noloco, awc_delay),
 ``--steps``, ``--every`` (steps between snapshots), ``--out FILE.npz`` (rank 0,
 or the simulation, writes the final parameters of every agent and the test
-accuracy), ``--kill RANK:STEP:LAUNCH,...`` (that rank kills itself at that step
-in that launch, 0 the first: the tests of lost ranks), ``--pace SECONDS`` (each
+accuracy), ``--kill RANK:STEP:LIFE,...`` (that rank kills itself at that step
+in that life of the job, 0 the first, counting launches and recoveries in
+place: the tests of lost ranks), ``--pace SECONDS`` (each
 step lasts at least that long: a slower model, to watch a run or kill a host in it),
-``--log FILE`` (rank 0 appends ``time step launch accuracy`` at every snapshot step,
+``--log FILE`` (rank 0 appends ``time step life accuracy`` at every snapshot step,
 its own model's test accuracy: benchmarks/bench_elastic.py times runs with it).
 """
 
@@ -112,11 +116,15 @@ def main(simulated: int = 4, method: str = "atc", steps: int = 60, every: int = 
     # The two changes for elastic training: the state, and its steps.
     state = je.State(params=params, opt_state=opt_state, every=every, directory=directory)
     launch = int(os.environ.get(je.RESTART_ENV, "0"))   # set by jaxfog run --max-restarts
+    life = launch + len(je.recoveries())
     kills = {tuple(map(int, k.split(":")[::2])): int(k.split(":")[1])
-             for k in (kill.split(",") if kill else [])}   # (rank, launch) -> step
+             for k in (kill.split(",") if kill else [])}   # (rank, life) -> step
     for step in state.steps(steps):
-        if not agents.simulated and kills.get((jf.rank(), launch)) == step:
-            state.wait()  # the last snapshot is on disk: where the run resumes is known
+        if not agents.simulated and kills.get((jf.rank(), life)) == step:
+            # The last snapshot on disk and the steps before this one done: where
+            # the run resumes is known (at the snapshot, or in place at this step).
+            state.wait()
+            jax.block_until_ready(state.values)
             os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
         state.params, state.opt_state, loss = train_step(state.params, state.opt_state,
                                                          x, y, jnp.int32(step))
@@ -127,7 +135,7 @@ def main(simulated: int = 4, method: str = "atc", steps: int = 60, every: int = 
             mine = jax.tree.map(lambda p: p[0], state.params) if agents.simulated else state.params
             hits = float((model.apply(mine, test_x).argmax(-1) == test_y).mean())
             with open(log, "a") as f:
-                f.write(f"{time.time():.3f} {state.step} {launch} {hits:.4f}\n")
+                f.write(f"{time.time():.3f} {state.step} {life} {hits:.4f}\n")
 
     everyone = agents.gather(state.params)  # every agent's parameters, stacked
     mean = jax.tree.map(lambda p: p.mean(0), everyone)
@@ -154,5 +162,7 @@ if __name__ == "__main__":
     parser.add_argument("--pace", type=float, default=0.0)
     parser.add_argument("--log")
     args = parser.parse_args()
-    main(args.agents, args.method, args.steps, args.every, args.out, args.kill, args.directory,
-         args.pace, args.log)
+    # In place under ULFM (a failed rank's survivors run main again, resumed),
+    # else main once.
+    je.run(lambda n: main(args.agents, args.method, args.steps, args.every, args.out,
+                          args.kill, args.directory, args.pace, args.log), max_failures=3)

@@ -549,6 +549,20 @@ class State:
         self._restore(resume.arrays, True)
         self.resumed = Resumed(resume.step, tuple(resume.members), {}, True)
 
+    def _keep_for_recovery(self) -> None:
+        """Keeps the state before this step (references: JAX arrays are
+        immutable) and the last ``keep - 1`` before it, and waits for the
+        second oldest kept: dispatch runs at most ``keep - 1`` steps ahead, so
+        when a failed step's outputs raise here, the state before that step
+        is still kept, and complete."""
+        self._history[self.step] = self.values
+        kept = sorted(self._history)
+        for old in kept[:-_in_place.keep]:
+            del self._history[old]
+        kept = kept[-_in_place.keep:]
+        if len(kept) > 1:
+            jax.block_until_ready(self._history[kept[1]])
+
     def _ready_steps(self) -> list[int]:
         """The steps whose kept state is complete (a failed step's outputs are
         errors: waiting for them raises)."""
@@ -569,10 +583,8 @@ class State:
         total = V.integer(f"{_WHAT}.steps", "total", total, minimum=0)
         control = os.environ.get(CONTROL_ENV)
         while self.step < total:
-            if _in_place is not None:  # references: JAX arrays are immutable
-                self._history[self.step] = self.values
-                for old in sorted(self._history)[:-_in_place.keep]:
-                    del self._history[old]
+            if _in_place is not None:
+                self._keep_for_recovery()
             yield self.step
             self.step += 1
             if _churn is not None:
@@ -610,6 +622,15 @@ class _Resume(NamedTuple):
     members: list  # member id of each new rank
 
 
+class Recovery(NamedTuple):
+    """One recovery in place by :func:`run`."""
+    step: int  # the step the survivors resumed at (redone)
+    old_ranks: tuple  # each survivor's rank before, in new rank order
+    members: tuple  # each new rank's member id
+    shrink_s: float  # seconds in runtime.shrink
+    recover_s: float  # seconds from the failed program's error to the resume
+
+
 class _InPlace:
     """What :func:`run` shares with the :class:`State` of the program it runs."""
 
@@ -617,7 +638,14 @@ class _InPlace:
         self.keep = keep
         self.state: State | None = None  # the State of the current run of the program
         self.resume: _Resume | None = None
-        self.recoveries: list[dict] = []
+        self.recoveries: list[Recovery] = []
+
+
+def recoveries() -> tuple[Recovery, ...]:
+    """The recoveries in place of the :func:`run` this is called in, oldest
+    first (empty outside ``run``, or before a failure): a program that keys
+    something to its life (a test's kill, a log) counts them."""
+    return tuple(_in_place.recoveries) if _in_place is not None else ()
 
 
 _in_place: _InPlace | None = None
@@ -686,14 +714,17 @@ def _recover(ip: _InPlace, error: BaseException) -> _Resume:
     step = max(common)
     members = [state.resumed.members[r] for r in old_ranks]
     arrays = _flatten(state._history[step])
-    record = {"step": step, "old_ranks": old_ranks, "members": members,
-              "shrink_s": shrunk - started, "recover_s": time.monotonic() - started}
+    record = Recovery(step, tuple(old_ranks), tuple(members), shrunk - started,
+                      time.monotonic() - started)
     ip.recoveries.append(record)
+    if runtime.size() == 1:
+        warnings.warn(f"jaxfog.elastic.run: one rank survives (old rank {old_ranks[0]}); it "
+                      "goes on alone, with nobody to average with", RuntimeWarning)
     if runtime.rank() == 0:
         lost = sorted(set(range(len(state.resumed.members))) - set(old_ranks))
         print(f"jaxfog.elastic: rank(s) {lost} failed; resumed in place at step {step} on "
-              f"{runtime.size()} rank(s) (members {members}; shrink {record['shrink_s']:.2f} s, "
-              f"recovery {record['recover_s']:.2f} s)", flush=True)
+              f"{runtime.size()} rank(s) (members {members}; shrink {record.shrink_s:.2f} s, "
+              f"recovery {record.recover_s:.2f} s)", flush=True)
     return _Resume(step, arrays, members)
 
 
@@ -707,8 +738,9 @@ def run(program: Callable[[int], Any], *, max_failures: int = 1, keep: int = 3) 
     topology ``exponential(size())``), and runs ``program`` again for the new
     size, without a relaunch: its :class:`State` resumes from memory at the
     newest step whose state every survivor holds (each keeps the state before
-    each of its last ``keep`` steps, as references), so the step that failed
-    is redone. Members keep their ids, and the optimizers' invariants are
+    each of its last ``keep`` steps, as references, and lets dispatch run at
+    most ``keep - 1`` steps ahead, so that the state before a failed step is
+    still held when its failure shows), so the step that failed is redone. Members keep their ids, and the optimizers' invariants are
     restored as on a restart (:data:`RULES`): the same result as
     :func:`simulate` with ``Change(leave=[...])`` at that step.
 
@@ -729,7 +761,7 @@ def run(program: Callable[[int], Any], *, max_failures: int = 1, keep: int = 3) 
     """
     global _in_place
     max_failures = V.integer("jaxfog.elastic.run", "max_failures", max_failures, minimum=0)
-    keep = V.integer("jaxfog.elastic.run", "keep", keep, minimum=1)
+    keep = V.integer("jaxfog.elastic.run", "keep", keep, minimum=2)
     runtime.init()
     if runtime.size() == 1 or not runtime.fault_tolerant():
         return program(runtime.size())
@@ -811,4 +843,5 @@ def simulate(program: Callable[[int], Any], agents: int,
 
 
 __all__ = ["CONTROL_ENV", "Change", "DIRECTORY_ENV", "RESCALE_EXIT_STATUS", "RESTART_ENV",
-           "Plan", "Resumed", "RULES", "State", "plan", "run", "simulate"]
+           "Plan", "Recovery", "Resumed", "RULES", "State", "plan", "recoveries", "run",
+           "simulate"]

@@ -116,6 +116,11 @@ class _State:
 
 
 _state: _State | None = None
+#: Whether :func:`shrink` rebuilt jaxfog on survivors in this process.
+_shrunk = False
+#: Seconds MPI_Finalize may take at exit after a shrink, once every survivor
+#: reached its exit: Open MPI 5.0.11's waits forever in about 1 exit of 12.
+_EXIT_BOUND_AFTER_SHRINK_SECONDS = 5.0
 # What shutdown() runs, stage by stage in this order, each hook even if an
 # earlier one failed (registered by the layers above with on_shutdown):
 # "fence": wait for dispatched computations that still communicate;
@@ -124,8 +129,10 @@ _state: _State | None = None
 # this rank said goodbye (every op of its has finished by then) and before the
 # communicators are released. Were it before the goodbye, a rank blocked there by
 # a peer stuck in an op waiting for it would leave that peer to wait until
-# JAXFOG_TIMEOUT.
-_SHUTDOWN_STAGES = ("fence", "discard", "release")
+# JAXFOG_TIMEOUT;
+# "abandon": run by shrink() in place of "release": forget what only a
+# collective over the revoked communicator could free (windows).
+_SHUTDOWN_STAGES = ("fence", "discard", "release", "abandon")
 _shutdown_hooks: dict[str, list[Callable[[], None]]] = {stage: [] for stage in _SHUTDOWN_STAGES}
 
 
@@ -430,14 +437,31 @@ def _shutdown(at_exit: bool) -> None:
     _run_shutdown_hooks("fence")
     _run_shutdown_hooks("discard")
     lib = ffi.library()
+    survivors_met = at_exit and _shrunk and _meet_at_exit(_state.python_comm)
     reason = ctypes.create_string_buffer(1024)
     if lib.jaxfog_say_goodbye(int(at_exit), reason, 1024):
         warnings.warn(f"jaxfog.shutdown: {reason.value.decode()}", RuntimeWarning)
     _run_shutdown_hooks("release")
     state, _state = _state, None
     _release(lib, state.comms, state.python_comm, state.peers_comm)
-    if at_exit:  # MPI_Finalize comes next, and never ends if a peer became unreachable
-        lib.jaxfog_bound_exit(state.timeout)
+    # MPI_Finalize comes next, and never ends if a peer became unreachable; after
+    # a shrink, Open MPI 5.0.11's sometimes waits though every survivor is done.
+    if survivors_met:
+        lib.jaxfog_bound_exit(_EXIT_BOUND_AFTER_SHRINK_SECONDS, 0)
+    elif at_exit:
+        lib.jaxfog_bound_exit(state.timeout, 1)
+
+
+def _meet_at_exit(comm) -> bool:
+    """Whether every rank of ``comm`` reached its exit (a barrier; False if it
+    failed: another rank died)."""
+    from mpi4py import MPI
+
+    try:
+        comm.Barrier()
+    except MPI.Exception:
+        return False
+    return True
 
 
 def _release(lib, comms: dict, python_comm, peers_comm) -> None:
@@ -501,17 +525,11 @@ def shrink() -> list[int]:
             pass
     _run_shutdown_hooks("fence")  # every dispatched op fails on the revoked communicators
     _run_shutdown_hooks("discard")
-    try:  # windows: their collective free cannot run on a revoked communicator
-        from jaxfog.ops._backends import mpi_windows
-        mpi_windows._windows.clear()
-        mpi_windows._values.clear()
-        mpi_windows._primitive_machinery.windows_changed()
-    except Exception as error:  # pragma: no cover - no window support built
-        warnings.warn(f"jaxfog.shrink: forgetting the windows: {error}", RuntimeWarning)
+    _run_shutdown_hooks("abandon")
     survivors = state.python_comm.Shrink()
     old_ranks = survivors.allgather(state.rank)
-    global _state
-    _state = None
+    global _state, _shrunk
+    _state, _shrunk = None, True
     _release(lib, state.comms, state.python_comm, state.peers_comm)
     try:
         _setup(lib, survivors)
@@ -720,7 +738,8 @@ def communicator():
     return _require().python_comm
 
 
-__all__ = ["async_min_bytes", "fault_tolerant", "gpu_backend", "in_neighbor_ranks", "init", "is_homogeneous",
-           "is_initialized", "load_machine_topology", "load_topology", "local_rank", "local_size",
-           "machine_rank", "machine_size", "out_neighbor_ranks", "rank", "set_async_min_bytes",
-           "set_machine_topology", "set_topology", "shutdown", "shrink", "size"]
+__all__ = ["async_min_bytes", "fault_tolerant", "gpu_backend", "in_neighbor_ranks", "init",
+           "is_homogeneous", "is_initialized", "load_machine_topology", "load_topology",
+           "local_rank", "local_size", "machine_rank", "machine_size",
+           "out_neighbor_ranks", "rank", "set_async_min_bytes", "set_machine_topology",
+           "set_topology", "shutdown", "shrink", "size"]

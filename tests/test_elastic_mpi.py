@@ -54,10 +54,12 @@ echo "{socket.gethostname()}:$1"
 
 
 def _launch(tmp_path, *, np_, method="atc", kill="", discovery=None, restarts=2,
-            env=None, timeout=300):
+            env=None, timeout=300, mpi_args=""):
     out = tmp_path / "out.npz"
     command = [sys.executable, "-m", "jaxfog.cli", "run", "-np", str(np_),
                "--max-restarts", str(restarts)]
+    if mpi_args:
+        command += ["--mpi-args", mpi_args]
     if discovery:
         command += ["--host-discovery-script", str(discovery)]
     command += ["--", sys.executable, str(PROGRAM), "--method", method, "--steps", str(STEPS),

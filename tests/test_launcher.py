@@ -282,8 +282,9 @@ def test_ranks_lines_are_never_joined(tmp_path, prefix):
 
 
 def test_forward_lines_status_and_signals(tmp_path):
-    """The rank's command's exit status comes back (128 + n for signal n), and
-    a signal to the rank shim reaches the command."""
+    """The rank's command's exit status comes back (128 + n for signal n), a
+    signal to the rank shim reaches the command, and the shim ends as the
+    command did (by that signal)."""
     out = tmp_path / "out"
     with open(out, "wb") as sink:
         status = launcher.forward_lines([sys.executable, "-c", "print('a'); exit(3)"],
@@ -296,4 +297,4 @@ def test_forward_lines_status_and_signals(tmp_path):
                             stdout=subprocess.PIPE, text=True)
     assert shim.stdout.readline() == "up\n"
     shim.send_signal(signal.SIGTERM)
-    assert shim.wait(timeout=20) == 128 + signal.SIGTERM
+    assert shim.wait(timeout=20) == -signal.SIGTERM

@@ -209,11 +209,30 @@ def exec_rank(command: Sequence[str]) -> None:
     if os.environ.get(LINES_ENV, "1") != "0":
         rank = _first_int(os.environ, _RANK_VARS)
         prefix = f"[{rank}] ".encode() if os.environ.get(PREFIX_ENV) == "1" else b""
-        raise SystemExit(forward_lines(command, prefix=prefix))
+        _end_like(forward_lines(command, prefix=prefix))
     try:
         os.execvp(command[0], list(command))
     except FileNotFoundError:
         raise SystemExit(f"jaxfog: command not found: {command[0]}") from None
+
+
+def _end_like(status: int) -> None:
+    """Ends the shim as its command ended: with its status, or by the signal
+    that killed it. A launcher watching the shim must see a SIGKILLed rank as
+    killed (Open MPI's ULFM tells the survivors of a rank that died that way,
+    not of one that exited with status 137)."""
+    import signal
+
+    number = status - 128
+    if number in signal.valid_signals() and number not in (signal.SIGSTOP, signal.SIGTSTP):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            signal.signal(number, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL: its handler cannot be set, nor needs to be
+            pass
+        os.kill(os.getpid(), number)
+    raise SystemExit(status)
 
 
 def _die_with_parent() -> None:  # in the child, before exec: no orphan if the shim is killed

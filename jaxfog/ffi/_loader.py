@@ -194,7 +194,7 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_unwatch_peers.argtypes = err
     lib.jaxfog_catch_interrupts.argtypes = []
     lib.jaxfog_catch_interrupts.restype = ctypes.c_int
-    lib.jaxfog_bound_exit.argtypes = [ctypes.c_double]
+    lib.jaxfog_bound_exit.argtypes = [ctypes.c_double, ctypes.c_int]
     lib.jaxfog_bound_exit.restype = ctypes.c_int
     for function in (lib.jaxfog_watch_peers, lib.jaxfog_say_goodbye, lib.jaxfog_unwatch_peers):
         function.restype = ctypes.c_int

@@ -508,20 +508,24 @@ extern "C" __attribute__((visibility("default"))) int jaxfog_say_goodbye(int at_
 }
 
 // After an op of this process failed waiting for a peer, ends the process
-// with status 1 if it still runs `seconds` from now (stuck in MPI_Finalize,
-// whose closing barrier a rank cut off by the network never joins). A thread
-// of its own, as Python is finalizing by then. Returns whether it was armed.
-extern "C" __attribute__((visibility("default"))) int jaxfog_bound_exit(double seconds) {
+// with `status` if it still runs `seconds` from now (stuck in MPI_Finalize,
+// whose closing barrier a rank cut off by the network never joins; status 0
+// after a recovery in place, whose survivors met at exit before). A thread of
+// its own, as Python is finalizing by then. Returns whether it was armed.
+extern "C" __attribute__((visibility("default"))) int jaxfog_bound_exit(double seconds,
+                                                                        int status) {
   if (!jaxfog::CommFailed() || seconds <= 0) return 0;
-  std::thread([seconds] {
+  std::thread([seconds, status] {
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-    const std::string line = "jaxfog: the exit (MPI_Finalize) still waits " +
-                             std::to_string(static_cast<int>(seconds)) +
-                             " s after a failed op (JAXFOG_TIMEOUT): a peer is unreachable; "
-                             "ending this process with status 1\n";
+    const std::string line =
+        "jaxfog: the exit (MPI_Finalize) still waits " + std::to_string(static_cast<int>(seconds)) +
+        " s after a failed op" +
+        (status == 0 ? ", and every survivor of the recovery had finished; "
+                     : " (JAXFOG_TIMEOUT): a peer is unreachable; ") +
+        "ending this process with status " + std::to_string(status) + "\n";
     std::fputs(line.c_str(), stderr);
     std::fflush(stderr);
-    std::_Exit(1);
+    std::_Exit(status);
   }).detach();
   return 1;
 }

@@ -151,7 +151,16 @@ def _free_at_shutdown() -> None:
         win_free(None)
 
 
+def _abandon_at_shrink() -> None:
+    """``shrink()`` forgets the windows: their collective free cannot run on
+    the revoked communicator, and MPI frees nothing of theirs before exit."""
+    _windows.clear()
+    _values.clear()
+    _primitive_machinery.windows_changed()
+
+
 runtime.on_shutdown("release", _free_at_shutdown)
+runtime.on_shutdown("abandon", _abandon_at_shrink)
 
 
 def _named(peers: _args.Peers | None, default: np.ndarray, what: str,
