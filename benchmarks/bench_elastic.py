@@ -11,13 +11,22 @@ method, in three scenarios, interleaved:
 * ``host killed, host joins``: every process of host 3 killed a third of the
   way and the host left down (the job goes on with 3 hosts), then a fifth
   host offered by the discovery script two thirds of the way in, joining at
-  the next snapshot with a live copy of a neighbour's state.
+  the next snapshot with a live copy of a neighbour's state;
+* ``rank killed, in place`` (only where jaxfog runs on Open MPI with ULFM):
+  host 3's rank SIGKILLed a third of the way, under ``--with-ft ulfm`` and
+  ``--max-restarts 0``: the survivors go on in place on 3 hosts
+  (``jaxfog.elastic.run``), from the state in memory.
+
+Run from an environment whose jaxfog is built against Open MPI, the first
+two and the in-place scenario run, into ``elastic_in_place.md``; against
+MPICH, the first three, into ``elastic_goodput.md``.
 
 Rank 0 logs its own model's test accuracy at every snapshot with the wall
 time (``--log``); the time to the target accuracy is measured from the first
 launch. ``goodput`` = failure-free time to target / this scenario's time to
 target; ``recovery`` = seconds from the kill to the first step completed after
-the resume. Writes ``benchmarks/results/elastic_goodput.md`` and a plot.
+the resume (the example logs that step too). Writes ``benchmarks/results/elastic_goodput.md`` (or
+``elastic_in_place.md``) and a plot.
 
     sudo python benchmarks/bench_elastic.py [--rounds 2] [--steps 300]
 """
@@ -54,6 +63,7 @@ netns_cluster = _load("netns_cluster", ROOT / "scripts" / "netns_cluster.py")
 PROGRAM = ROOT / "examples" / "elastic_digits.py"
 METHODS = ("atc", "gradient_allreduce", "diloco")
 SCENARIOS = ("failure-free", "rank killed", "host killed, host joins")
+IN_PLACE = "rank killed, in place"
 
 
 def _rank_pids(cluster, host: int) -> list[int]:
@@ -88,9 +98,12 @@ def run_one(cluster, method: str, scenario: str, steps: int, every: int, pace: f
     state.write_text("\n".join(f"{n}:1" for n in names[:4]) + "\n")
     script.write_text(f"#!/bin/sh\ncat {state}\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    where = (["--max-restarts", "0", "--mpi-args", "--with-ft ulfm", "--hosts",
+              ",".join(f"{n}:1" for n in names[:4])] if scenario == IN_PLACE
+             else ["--max-restarts", "2", "--host-discovery-script", str(script)])
     command = cluster.on_host(0, [
-        sys.executable, "-m", "jaxfog.cli", "run", "-np", "4", "--max-restarts", "2",
-        "--host-discovery-script", str(script), "--", sys.executable, str(PROGRAM),
+        sys.executable, "-m", "jaxfog.cli", "run", "-np", "4", *where, "--",
+        sys.executable, str(PROGRAM),
         "--method", method, "--steps", str(steps), "--every", str(every),
         "--directory", str(snapshots), "--log", str(log), "--pace", str(pace)])
     env = cluster.environment({**os.environ, "JAXFOG_TIMEOUT": "10",
@@ -109,7 +122,7 @@ def run_one(cluster, method: str, scenario: str, steps: int, every: int, pace: f
             continue
         done = max((s for _, s, _, _ in _log_steps(log)), default=0)
         if killed is None and done >= steps // 3:
-            if scenario == "rank killed":
+            if scenario in ("rank killed", IN_PLACE):
                 for pid in _rank_pids(cluster, 3):
                     os.kill(pid, signal.SIGKILL)
             else:
@@ -117,7 +130,7 @@ def run_one(cluster, method: str, scenario: str, steps: int, every: int, pace: f
                 cluster.never_join(3)
                 cluster.kill_host(3)
             killed = time.time()
-        if (scenario != "rank killed" and killed is not None and joined is None
+        if (scenario == SCENARIOS[2] and killed is not None and joined is None
                 and done >= 2 * steps // 3):
             state.write_text("\n".join(f"{n}:1" for n in names[:3] + [names[4]]) + "\n")
             joined = time.time()
@@ -159,12 +172,16 @@ def main(argv=None) -> int:
         print(f"skipped: {why_not}")
         return 0
     from jaxfog import _machine
+    from jaxfog.cli._launcher import find_mpiexec, mpi_flavour
+
+    openmpi = mpi_flavour(find_mpiexec()) == "openmpi"
+    scenarios = (*SCENARIOS[:2], IN_PLACE) if openmpi else SCENARIOS
     targets = {k: float(v) for k, v in (t.split("=") for t in args.targets.split(","))}
     results: dict = {}
     runs: dict = {}
     for round_ in range(args.rounds):
         for method in args.methods.split(","):
-            for scenario in SCENARIOS:
+            for scenario in scenarios:
                 netns_cluster.sweep()
                 with netns_cluster.Cluster(5, rate=args.rate) as cluster, \
                         tempfile.TemporaryDirectory() as work:
@@ -182,14 +199,18 @@ def main(argv=None) -> int:
              f"4 hosts (network namespaces), one rank each, {args.rate} links; "
              f"`examples/elastic_digits.py` (Flax MLP, digits split by label, float32), "
              f"{args.steps} steps of at least {args.pace} s (`--pace`: a model of that "
-             f"cost), a snapshot every {args.every} steps, "
-             f"`jaxfog run --max-restarts 2` (MPICH 5.0.2, recovery by restart). "
+             f"cost), a snapshot every {args.every} steps, " +
+             ("Open MPI 5.0.11: `jaxfog run --max-restarts 2` (restart), and with "
+              "`--mpi-args '--with-ft ulfm' --max-restarts 0` and `jaxfog.elastic.run` "
+              "(in place). " if openmpi else
+              "`jaxfog run --max-restarts 2` (MPICH 5.0.2, recovery by restart). ") +
              f"Time to rank 0's test accuracy >= the method's target ({args.targets}) "
              "from the first launch "
              f"(median of {args.rounds} round(s), interleaved). `goodput` = failure-free "
              "time to target / this scenario's; `recovery` = seconds from the kill to the "
-             "first step logged after the resume (the relaunch: probe, start, imports, "
-             "compile, resume).",
+             "first step completed after the resume (the relaunch: probe, start, imports, "
+             "compile, resume; in place: the failure seen, the shrink, the step redone, "
+             "compiled for the new size).",
              "",
              "| method | scenario | time to target (s) | goodput | recovery (s) | whole run (s) "
              "| final accuracy |",
@@ -202,7 +223,7 @@ def main(argv=None) -> int:
 
     for method in args.methods.split(","):
         free = median(r["to_target"] for r in results[(method, "failure-free")])
-        for scenario in SCENARIOS:
+        for scenario in scenarios:
             rows = results[(method, scenario)]
             to_target = median(r["to_target"] for r in rows)
             goodput = (free / to_target) if free and to_target else None
@@ -214,13 +235,14 @@ def main(argv=None) -> int:
                          f"{fmt(median(r['final'] for r in rows), '{:.3f}')} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    out = ROOT / "benchmarks" / "results" / "elastic_goodput.md"
-    out.write_text(text + "\n![accuracy against time](elastic_goodput.png)\n")
-    plot(runs, args, targets, out.with_suffix(".png"))
+    out = ROOT / "benchmarks" / "results" / (
+        "elastic_in_place.md" if openmpi else "elastic_goodput.md")
+    out.write_text(text + f"\n![accuracy against time]({out.stem}.png)\n")
+    plot(runs, args, targets, scenarios, out.with_suffix(".png"))
     return 0
 
 
-def plot(runs: dict, args, targets: dict, path: Path) -> None:
+def plot(runs: dict, args, targets: dict, scenarios, path: Path) -> None:
     """Rank 0's test accuracy against wall time, first round, one panel a method."""
     import matplotlib
 
@@ -230,7 +252,7 @@ def plot(runs: dict, args, targets: dict, path: Path) -> None:
     methods = args.methods.split(",")
     figure, axes = plt.subplots(1, len(methods), figsize=(5 * len(methods), 3.6), sharey=True)
     for ax, method in zip(list(np.atleast_1d(axes)), methods):
-        for scenario in SCENARIOS:
+        for scenario in scenarios:
             run = runs[(method, scenario)]
             t = [row[0] - run["started"] for row in run["log"]]
             line, = ax.plot(t, [row[3] for row in run["log"]], ".-", label=scenario, ms=3)

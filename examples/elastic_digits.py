@@ -19,10 +19,11 @@ exact_diffusion, push_sum, choco, diloco, streaming_diloco, noloco, awc_delay),
 or the simulation, writes the final parameters of every agent and the test
 accuracy), ``--kill RANK:STEP:LIFE,...`` (that rank kills itself at that step
 in that life of the job, 0 the first, counting launches and recoveries in
-place: the tests of lost ranks), ``--pace SECONDS`` (each
-step lasts at least that long: a slower model, to watch a run or kill a host in it),
-``--log FILE`` (rank 0 appends ``time step life accuracy`` at every snapshot step,
-its own model's test accuracy: benchmarks/bench_elastic.py times runs with it).
+place: the tests of lost ranks), ``--pace SECONDS`` (each step lasts at least
+that long: a slower model, to watch a run or kill a host in it), ``--log FILE``
+(rank 0 appends ``time step life accuracy`` at every snapshot step and at the
+first step done after a resume, its own model's test accuracy:
+benchmarks/bench_elastic.py times runs with it).
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def main(simulated: int = 4, method: str = "atc", steps: int = 60, every: int = 
         if pace:
             jax.block_until_ready(loss)
             time.sleep(pace)
-        if log and agents.is_root and state.step % every == 0:
+        if log and agents.is_root and (state.step % every == 0
+                                       or step == state.resumed.step and life):
             mine = jax.tree.map(lambda p: p[0], state.params) if agents.simulated else state.params
             hits = float((model.apply(mine, test_x).argmax(-1) == test_y).mean())
             with open(log, "a") as f:

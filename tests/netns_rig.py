@@ -48,6 +48,20 @@ def run_command_args(cluster, np: int, command: Sequence[str], *, slots: int = 1
                                *where, *mpi_args, "--", *command])
 
 
+def rank_processes(cluster, host: int, script: str) -> list[int]:
+    """Pids of the rank programs (``python .../<script>``, not the launchers or
+    rank shims naming it) still on ``host``."""
+    found = []
+    for pid in cluster.pids(host):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if len(argv) > 1 and argv[1].endswith(script.encode()):
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
 def launch(cluster, np: int, command: Sequence[str], *, timeout: float, slots: int = 1,
            hosts_option: bool = False, env: Mapping[str, str] | None = None) -> MpiResult:
     """Runs ``command`` on ``np`` ranks over the cluster's hosts; never past ``timeout``."""

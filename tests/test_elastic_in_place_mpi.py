@@ -17,12 +17,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import numpy as np
 import optax
@@ -33,31 +31,13 @@ import jaxfog.elastic as je
 import jaxfog.optax as jfo
 import jaxfog.topology as T
 from jaxfog.cli import _launcher as launcher
+from mpi_harness import openmpi_with_ulfm
 from test_elastic_mpi import _assert_same, _launch, _simulated
 
 STEPS = 60
 KILL_AT = 23
 #: Seconds from the kill to the survivors' next completed step (re-tracing included).
 RECOVERY_BOUND = 5.0
-
-
-def _openmpi_with_ulfm() -> str | None:
-    """Why the MPI jaxfog runs on here is not Open MPI with ULFM (None if it is)."""
-    try:
-        mpiexec = launcher.find_mpiexec()
-    except FileNotFoundError as error:
-        return str(error)
-    if launcher.mpi_flavour(mpiexec) != "openmpi":
-        return (f"needs jaxfog built against Open MPI 5 with ULFM (the mpiexec here, {mpiexec}, "
-                "is not Open MPI): in-place recovery shrinks the communicator with ULFM. "
-                "Run it from a virtual environment with `pip install openmpi` and jaxfog "
-                "installed with JAXFOG_MPICXX=<venv>/bin/mpicxx")
-    ompi_info = shutil.which("ompi_info", path=str(Path(mpiexec).parent))
-    said = subprocess.run([ompi_info, "--parsable"], capture_output=True, text=True,
-                          timeout=60, check=False).stdout if ompi_info else ""
-    if "ft_mpi_support:yes" not in said:
-        return f"the Open MPI of {mpiexec} has no ULFM fault tolerance (ompi_info: ft_mpi_support)"
-    return None
 
 
 _PROGRAM = """
@@ -130,7 +110,7 @@ def _simulated_quadratic(method: str, resume_step: int) -> np.ndarray:
 
 @pytest.mark.parametrize("method", ["gradient_tracking"])
 def test_survivors_recover_in_place_as_simulate_says(tmp_path, method):
-    why_not = _openmpi_with_ulfm()
+    why_not = openmpi_with_ulfm()
     if why_not:
         pytest.skip(why_not)
     script = tmp_path / "train.py"
@@ -185,7 +165,7 @@ def test_the_example_recovers_in_place_as_simulate_says(tmp_path, method, kill, 
     the next, which waits for it: the resumed state's exchange in flight is
     made idle either way, as in any resume) and end equal to the simulation
     with that member leaving there."""
-    why_not = _openmpi_with_ulfm()
+    why_not = openmpi_with_ulfm()
     if why_not:
         pytest.skip(why_not)
     mpi, output = _launch(tmp_path, np_=3, method=method, kill=kill, restarts=0,

@@ -1,12 +1,16 @@
 """Elastic runs on the cluster on one machine (scripts/netns_cluster.py): a
 whole host killed and left down, a host added, each with ``jaxfog run
---max-restarts`` (MPICH, the default) and the digits program of
-``examples/elastic_digits.py``, against ``jaxfog.elastic.simulate`` with the
-same membership changes. Skipped, saying why, where namespaces cannot be made."""
+--max-restarts`` (MPICH, the default), and a host's rank killed mid-step with
+the survivors going on in place (Open MPI with ULFM), with the digits program
+of ``examples/elastic_digits.py``, against ``jaxfog.elastic.simulate`` with
+the same membership changes. Skipped, saying why, where namespaces cannot be
+made, or (in place) where jaxfog runs on another MPI."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import stat
 import sys
 import threading
@@ -15,9 +19,11 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 from jaxfog.testing import launch_environment, run_command
-from netns_rig import netns_cluster_factory  # noqa: F401,F811 (fixture)
+from mpi_harness import openmpi_with_ulfm
+from netns_rig import netns_cluster_factory, rank_processes  # noqa: F401,F811 (fixture)
 
 PROGRAM = Path(__file__).resolve().parents[1] / "examples" / "elastic_digits.py"
 STEPS, EVERY = 60, 10
@@ -117,3 +123,40 @@ def test_a_host_added_joins_with_a_live_copy_from_a_neighbour(netns_cluster_fact
         result.output, result.output
     assert (snapshots / cluster.names[3] / f"member3.step{STEPS}.npz").exists()  # a new member
     _assert_same(out, _simulated(3, {10: {"join": 1}}))
+
+
+def test_a_rank_killed_mid_step_recovers_in_place_under_openmpi_ulfm(netns_cluster_factory,
+                                                                     tmp_path):
+    """4 hosts, one rank each, Open MPI with ULFM (``--mpi-args "--with-ft
+    ulfm"``). Once host 3 has written its snapshot of step 20, its rank is
+    SIGKILLed from outside, wherever it is in its step. The survivors' ops
+    fail, ``jaxfog.elastic.run`` shrinks jaxfog to hosts 0-2 and they go on
+    from the state in memory, without a relaunch (``--max-restarts 0``), and
+    the run equals the simulation in which agent 3 leaves at the step they
+    resumed at."""
+    why_not = openmpi_with_ulfm()
+    if why_not:
+        pytest.skip(why_not)
+    cluster = netns_cluster_factory(4)
+    out, snapshots = tmp_path / "out.npz", tmp_path / "snapshots"
+    hosts = ",".join(f"{name}:1" for name in cluster.names)
+    command = _command(cluster, out, snapshots, np_=4, pace=0.1, options=[
+        "--hosts", hosts, "--max-restarts", "0", "--mpi-args", "--with-ft ulfm"])
+    env = cluster.environment(launch_environment({"JAXFOG_TIMEOUT": "20"}))
+    done: dict = {}
+    launch = threading.Thread(target=lambda: done.setdefault(
+        "result", run_command(command, timeout=400, env=env)))
+    launch.start()
+    marker = snapshots / cluster.names[3] / "member3.step20.npz"
+    while launch.is_alive() and not marker.exists():
+        time.sleep(0.1)
+    for pid in rank_processes(cluster, 3, PROGRAM.name):
+        os.kill(pid, signal.SIGKILL)
+    launch.join()
+    result = done["result"]
+    assert result.ok, result.report()
+    said = re.search(r"rank\(s\) \[3\] failed; resumed in place at step (\d+) on 3 rank\(s\) "
+                     r"\(members \[0, 1, 2\]; shrink ([\d.]+) s", result.output)
+    assert said and 20 <= int(said[1]) <= 25, result.output
+    assert "restart" not in result.output, result.output
+    _assert_same(out, _simulated(4, {int(said[1]): {"leave": [3]}}))
