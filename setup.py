@@ -350,7 +350,8 @@ def _install_requires() -> list[str]:
 setup(
     name="jaxfog",
     version="0.1.0",
-    description="Decentralized optimization for JAX: neighbor averaging as XLA FFI custom calls over MPI",
+    description=("Decentralized optimization for JAX: neighbor averaging as XLA FFI "
+                 "custom calls over MPI"),
     long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
     long_description_content_type="text/markdown",
     license="Apache-2.0",
@@ -366,8 +367,10 @@ setup(
         "demo": ["flax", "matplotlib", "networkx", "rich", "scikit-learn"],
         "checkpoint": ["orbax-checkpoint"],
         # setuptools: tests/test_openmpi.py builds the library against Open MPI.
+        # ruff: .ci/run holds the tree at zero findings (pyproject.toml's rules).
         "test": ["pytest>=7", "setuptools>=64", "flax", _NCCL_WHEEL, "matplotlib", "networkx",
-                 "orbax-checkpoint", "rich", "scipy", "scikit-learn", "sphinx>=7"],
+                 "orbax-checkpoint", "rich", "ruff>=0.17,<0.18", "scipy", "scikit-learn",
+                 "sphinx>=7"],
         "docs": ["sphinx>=7"],
         "bench": ["matplotlib", "mpi4jax"],
     },

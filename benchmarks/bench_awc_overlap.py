@@ -202,7 +202,7 @@ def main() -> None:
     if not ops:
         lines.append("| (the profiler recorded no XLA op events) | | | |")
     ops = timeline(unfused_events)
-    lines += ["", f"The same for one async atc(fused=False) step: one exchange per layer, "
+    lines += ["", "The same for one async atc(fused=False) step: one exchange per layer, "
               "the last layer's first, each started as the backward pass reaches it:", "",
               "| op | start (ms) | end (ms) | thread |", "|---|---:|---:|---|"]
     lines += [f"| {name} | {start:.3f} | {end:.3f} | {tid} |" for name, start, end, tid in ops]

@@ -38,7 +38,8 @@ METHODS = ("allreduce", "atc exponential", "awc exponential", "atc one-peer", "a
            "diloco H=10", "diloco H=50", "streaming diloco H=10", "noloco H=10")
 #: The language model's (examples/train_lm.py's labels, and the delayed one-peer atc).
 LM_METHODS = ("allreduce", "atc exponential", "awc exponential", "atc one-peer",
-              "awc one-peer", "atc one-peer delay=1", "awc one-peer delay=1", "choco top_k(0.05) exponential", "diloco H=10", "diloco H=50",
+              "awc one-peer", "atc one-peer delay=1", "awc one-peer delay=1",
+              "choco top_k(0.05) exponential", "diloco H=10", "diloco H=50",
               "streaming diloco H=10 P=4 tau=1", "noloco H=10")
 #: The language model's target (validation bits per byte): see the table's text.
 LM_TARGET = 3.9

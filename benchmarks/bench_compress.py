@@ -97,7 +97,8 @@ def digits_table(results: dict) -> list[str]:
         lines.append(
             f"| {label} | {last['test_accuracy']:.2f}% | {last['test_accuracy'] - base_atc:+.2f} "
             f"| {sent / 1e3:.2f} | {last.get('measured_bytes_per_step', float('nan')) / 1e3:.2f} "
-            f"| {dense / sent:.1f}x | {1e3 * step_s:.2f} | {1e3 * (step_s + sent / BANDWIDTH):.2f} |")
+            f"| {dense / sent:.1f}x | {1e3 * step_s:.2f} "
+            f"| {1e3 * (step_s + sent / BANDWIDTH):.2f} |")
     return lines
 
 
@@ -109,8 +110,9 @@ def mergecomp_table(rows: dict) -> list[str]:
         searched = row["searched_time"]
         fused = {int(y): t for y, t in row["fused"].items()}
         timed = ", ".join(f"y={y}: {1e3 * t:.2f} ms" for y, t in row["search_timings"])
-        lines += [f"**{name}** on 100 leaves, 2 MPI processes (826,000 float32 entries): with one message per "
-                  f"group, MergeComp's search chose y = {row['searched_y']} (timed {timed}): "
+        lines += [f"**{name}** on 100 leaves, 2 MPI processes (826,000 float32 entries): "
+                  f"with one message per group, MergeComp's search chose "
+                  f"y = {row['searched_y']} (timed {timed}): "
                   f"{per_leaf / searched:.1f}x faster than per-leaf (y = 100), "
                   f"{single / searched:.2f}x the speed of one group.", "",
                   "| y (groups) | ms per round, a message per group (MergeComp's setting) "

@@ -209,7 +209,8 @@ def format_row(row: dict) -> str:
 
 def machine() -> str:
     return (f"{_machine.cpu()}; "
-            f"{SIZE} ranks on one machine; {MPI.Get_library_version().splitlines()[0].rstrip(chr(0))}; "
+            f"{SIZE} ranks on one machine; "
+            f"{MPI.Get_library_version().splitlines()[0].rstrip(chr(0))}; "
             f"jax {jax.__version__}")
 
 

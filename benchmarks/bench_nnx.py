@@ -28,7 +28,6 @@ import jaxfog.topology as T
 
 jf.init()
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 

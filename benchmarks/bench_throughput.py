@@ -4,7 +4,8 @@ Run with ``jaxfog run -np N python benchmarks/bench_throughput.py [--model digit
 on the one-machine cluster (root), e.g. 4 hosts on 100 Mbit/s links::
 
     sudo python scripts/netns_cluster.py --hosts 4 --rate 100mbit -- jaxfog run -np 4 \\
-        --hostfile {hostfile} python benchmarks/bench_throughput.py --label digits_cluster_100mbit \\
+        --hostfile {hostfile} python benchmarks/bench_throughput.py \\
+        --label digits_cluster_100mbit \\
         --network "4 hosts (network namespaces), 100 Mbit/s links"
 
 Every rank trains the same model on its own data with one method at a time:
@@ -165,7 +166,8 @@ def main() -> None:
              else f"language model, size {args.size}")
     lines = [f"# Steps per second, {model} ({megabytes:.2f} MB of parameters), {SIZE} ranks",
              "", f"Machine: {cpu()}; jax {jax.__version__}."
-             + (f" Ranks: {args.network}." if args.network else "") + " The slowest rank's steps per second "
+             + (f" Ranks: {args.network}." if args.network else "")
+             + " The slowest rank's steps per second "
              f"over {args.steps} consecutive jitted steps (compilation and {args.warmup} warm-up "
              f"steps excluded), median of {args.rounds} interleaved rounds.", "",
              "| method | steps/s | speed-up over allreduce |", "|---|---:|---:|"]

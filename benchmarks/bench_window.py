@@ -268,7 +268,8 @@ def worker(args) -> None:
 
     def machine() -> str:
         return (f"{_machine.cpu()}; "
-                f"{size} ranks on one machine; {MPI.Get_library_version().splitlines()[0].rstrip(chr(0))}; "
+                f"{size} ranks on one machine; "
+                f"{MPI.Get_library_version().splitlines()[0].rstrip(chr(0))}; "
                 f"mpi4py {__import__('mpi4py').__version__}; jax {jax.__version__}; "
                 f"{source}")
 

@@ -740,9 +740,10 @@ def run(program: Callable[[int], Any], *, max_failures: int = 1, keep: int = 3) 
     newest step whose state every survivor holds (each keeps the state before
     each of its last ``keep`` steps, as references, and lets dispatch run at
     most ``keep - 1`` steps ahead, so that the state before a failed step is
-    still held when its failure shows), so the step that failed is redone. Members keep their ids, and the optimizers' invariants are
-    restored as on a restart (:data:`RULES`): the same result as
-    :func:`simulate` with ``Change(leave=[...])`` at that step.
+    still held when its failure shows), so the step that failed is redone.
+    Members keep their ids, and the optimizers' invariants are restored as on
+    a restart (:data:`RULES`): the same result as :func:`simulate` with
+    ``Change(leave=[...])`` at that step.
 
     ``program(n)`` is the whole training for ``n`` ranks, as for
     :func:`simulate`: it builds what depends on the size (topology, optimizer,

@@ -34,10 +34,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "tests"))
-import netns_cluster
-from jaxfog.cli._launcher import find_mpiexec, mpi_flavour
-from jaxfog.testing import launch_environment, run_command
-from netns_rig import run_command_args
+import netns_cluster  # noqa: E402 (after the path)
+from jaxfog.cli._launcher import find_mpiexec, mpi_flavour  # noqa: E402 (after the path)
+from jaxfog.testing import launch_environment, run_command  # noqa: E402 (after the path)
+from netns_rig import run_command_args  # noqa: E402 (after the path)
 
 N = 4
 SCRIPT = REPO / "tests" / "cluster_fault_rank.py"
@@ -130,7 +130,8 @@ def one_run(d: Path, timeout: int, flavour: str, mpi_args, env_extra, killall: b
         bound = timeout + 2
         if not ok and (ended_by_launcher or stuck):
             ok, waited, report = True, ended, (ended_by_launcher or stuck).group(0)
-            bound += 1 if stuck else 0  # the watchdog's JAXFOG_TIMEOUT + 2 s, checked 4 times a second
+            # the watchdog's JAXFOG_TIMEOUT + 2 s, checked 4 times a second
+            bound += 1 if stuck else 0
         res[r] = {"ok": ok, "waited": waited, "bound": bound, "crash": crash,
                   "report": report[:400]}
     res["good"] = not res["lingering"] and all(

@@ -24,6 +24,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+#: The cluster-of-namespaces fixture (``netns_cluster_factory``), for any module.
+pytest_plugins = ("netns_rig",)
+
 
 @pytest.fixture
 def x64():

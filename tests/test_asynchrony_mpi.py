@@ -203,7 +203,8 @@ def test_the_warm_up_compiles_every_piece_of_a_step_before_the_clock_starts():
     jf.init()
     events = []
     monitoring.register_event_duration_secs_listener(
-        lambda name, secs, **kw: events.append((name, kw)) if "/jax/core/compile/" in name else None)
+        lambda name, secs, **kw: events.append((name, kw))
+        if "/jax/core/compile/" in name else None)
     grad_fn = lambda p, k: 0.1 * p  # noqa: E731
     for make in (lambda: jfa.async_push_sum(optax.sgd(0.1)), lambda: jfa.adpsgd(optax.sgd(0.1)),
                  lambda: jfa.hop(optax.sgd(0.1), staleness=None, backups=1)):

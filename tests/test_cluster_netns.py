@@ -14,14 +14,12 @@ import os
 import re
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mpi_harness import openmpi_with_ulfm
-from netns_rig import (body, launch, netns_cluster_factory,  # noqa: F401 (fixture)
-                       rank_processes)
+from netns_rig import body, launch, rank_processes
 
 #: A payload big enough that its crossing dwarfs the launch's own traffic.
 PAYLOAD = 1 << 20  # float32 elements, 4 MB

@@ -223,3 +223,197 @@ def test_search_follows_mergecomps_algorithm_2_and_caches():
     found = C.search(C.top_k(0.1), tree, max_groups=3, cache=False)
     C.check_groups(C.top_k(0.1), tree, found.groups)
     assert all(seconds > 0 for _, seconds in found.timings)
+
+
+# --- the compressors for outer gradients, against numpy models ----------------------------
+
+def _np_chunks(flat: np.ndarray, chunk: int | None) -> np.ndarray:
+    size = flat.size if chunk is None else chunk
+    rows = -(-flat.size // size)
+    return np.pad(flat, (0, rows * size - flat.size)).reshape(rows, size)
+
+
+def _np_scales(rows: np.ndarray, top: float) -> np.ndarray:
+    amax = np.abs(rows).max(axis=1).astype(np.float32)
+    return np.where(amax > 0, amax * np.float32(1 / top), np.float32(1)).astype(np.float32)
+
+
+def _np_float8(x: np.ndarray, format: str, chunk: int | None):
+    """(codes as bytes, scales, decompressed) of float8, in numpy and ml_dtypes."""
+    import ml_dtypes
+
+    dtype, top = {"e4m3": (ml_dtypes.float8_e4m3fn, 448.0),
+                  "e5m2": (ml_dtypes.float8_e5m2, 57344.0)}[format]
+    rows = _np_chunks(x.astype(np.float32), chunk)
+    scales = _np_scales(rows, top)
+    codes = np.clip(rows / scales[:, None], -top, top).astype(dtype)
+    back = codes.astype(np.float32) * scales[:, None]
+    return codes.view(np.uint8).reshape(-1)[:x.size], scales, back.reshape(-1)[:x.size]
+
+
+def _np_quantize(x: np.ndarray, bits: int, chunk: int | None):
+    """(codes in [0, 2L], scales, decompressed) of quantize."""
+    levels = 2 ** (bits - 1) - 1
+    rows = _np_chunks(x.astype(np.float32), chunk)
+    scales = _np_scales(rows, levels)
+    codes = np.clip(np.round(rows / scales[:, None]), -levels, levels)
+    back = (codes * scales[:, None]).reshape(-1)[:x.size]
+    return (codes.reshape(-1)[:x.size] + levels).astype(np.int64), scales, back
+
+
+def _unpacked(packed: np.ndarray, bits: int, d: int) -> np.ndarray:
+    """Codes from bytes, ``8 // bits`` a byte, the first in the low bits."""
+    per = 8 // bits
+    shifts = np.arange(per) * bits
+    return ((packed.astype(np.int64)[:, None] >> shifts) & (2 ** bits - 1)).reshape(-1)[:d]
+
+
+def _np_chunked_top_k(x: np.ndarray, ratio: float, chunk: int, bits: int | None):
+    k = max(1, min(chunk, math.ceil(ratio * chunk)))
+    rows = _np_chunks(x, chunk)
+    keep = np.argsort(-np.abs(rows), axis=1, kind="stable")[:, :k]
+    values = np.take_along_axis(rows, keep, axis=1)
+    if bits is not None:
+        levels = 2 ** (bits - 1) - 1
+        scales = _np_scales(values.astype(np.float32), levels)
+        values = np.clip(np.round(values.astype(np.float32) / scales[:, None]), -levels,
+                         levels) * scales[:, None]
+    out = np.zeros(rows.shape, np.float64)
+    np.put_along_axis(out, keep, values, axis=1)
+    return out.reshape(-1)[:x.size]
+
+
+def _np_dct_top_k(x: np.ndarray, ratio: float, chunk: int):
+    from scipy.fft import dct, idct
+
+    k = max(1, min(chunk, math.ceil(ratio * chunk)))
+    rows = _np_chunks(x.astype(np.float64), chunk)
+    coefficients = dct(rows, type=2, norm="ortho", axis=1)
+    keep = np.argsort(-np.abs(coefficients), axis=1, kind="stable")[:, :k]
+    kept = np.zeros_like(coefficients)
+    np.put_along_axis(kept, keep, np.take_along_axis(coefficients, keep, axis=1), axis=1)
+    return idct(kept, type=2, norm="ortho", axis=1).reshape(-1)[:x.size]
+
+
+def _x32(d: int, seed: int = 0) -> np.ndarray:
+    """Entries spread over 5 decades, float32 (exact in every dtype tested)."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(d) * 10.0 ** rng.uniform(-3, 2, d)).astype(np.float32)
+
+
+@pytest.mark.parametrize("chunk", [None, 64, 7])
+@pytest.mark.parametrize("format", ["e4m3", "e5m2"])
+def test_float8_sends_the_bits_of_the_numpy_model(format, chunk):
+    x = _x32(300)
+    compressor = C.float8(format, chunk=chunk)
+    payload = compressor.compress(jnp.asarray(x), None)
+    codes, scales, back = _np_float8(x, format, chunk)
+    np.testing.assert_array_equal(np.asarray(payload.arrays[0]), codes)  # the bits on the wire
+    np.testing.assert_array_equal(np.asarray(payload.arrays[1]), scales)
+    np.testing.assert_array_equal(np.asarray(compressor.decompress(payload)), back)
+    rows = _np_chunks(x, chunk)  # each chunk's largest entry comes back
+    top = np.argmax(np.abs(rows), axis=1)
+    got = _np_chunks(np.asarray(compressor.decompress(payload)), chunk)
+    np.testing.assert_allclose(got[np.arange(len(rows)), top], rows[np.arange(len(rows)), top],
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [None, 32, 5])
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_quantize_sends_the_codes_of_the_numpy_model(bits, chunk):
+    x = _x32(301, seed=1)
+    compressor = C.quantize(bits, chunk=chunk)
+    payload = compressor.compress(jnp.asarray(x), None)
+    codes, scales, back = _np_quantize(x, bits, chunk)
+    np.testing.assert_array_equal(_unpacked(np.asarray(payload.arrays[0]), bits, x.size), codes)
+    np.testing.assert_array_equal(np.asarray(payload.arrays[1]), scales)
+    np.testing.assert_allclose(np.asarray(compressor.decompress(payload)), back, rtol=1e-6,
+                               atol=0)
+
+
+@pytest.mark.parametrize("bits", [None, 2, 8])
+def test_chunked_top_k_keeps_each_chunks_largest_and_quantizes_them(bits):
+    x = _x32(250, seed=2)
+    compressor = C.chunked_top_k(0.05, chunk=64, bits=bits)
+    got = np.asarray(compressor.decompress(compressor.compress(jnp.asarray(x), None)))
+    np.testing.assert_allclose(got, _np_chunked_top_k(x, 0.05, 64, bits), rtol=1e-6, atol=0)
+    assert np.count_nonzero(got) <= 4 * 4  # k = ceil(0.05 * 64) = 4 in each of 4 chunks
+
+
+@pytest.mark.parametrize("chunk", [64, 16, 300])
+def test_dct_top_k_is_scipys_dct_with_the_largest_coefficients(chunk):
+    x = _x32(250, seed=3).astype(np.float64)
+    compressor = C.dct_top_k(0.25, chunk=chunk)
+    got = np.asarray(compressor.decompress(compressor.compress(jnp.asarray(x), None)))
+    np.testing.assert_allclose(got, _np_dct_top_k(x, 0.25, chunk), rtol=1e-9, atol=1e-9)
+    # Smooth chunks: a quarter of the coefficients carries nearly all of a sine.
+    smooth = jnp.sin(jnp.linspace(0.0, 3.0, 256))
+    c = C.dct_top_k(0.25, chunk=64)
+    error = jnp.sum((c.decompress(c.compress(smooth, None)) - smooth) ** 2) / jnp.sum(smooth ** 2)
+    assert error < 1e-4, error
+
+
+OUTER = [C.float8(), C.float8("e5m2", chunk=16), C.quantize(8), C.quantize(4, chunk=16),
+         C.quantize(2, chunk=8), C.chunked_top_k(0.1, chunk=16), C.chunked_top_k(0.1, bits=None),
+         C.dct_top_k(0.25, chunk=16)]
+
+
+@pytest.mark.parametrize("compressor", OUTER, ids=lambda c: c.name)
+def test_outer_compressors_are_contractions_with_the_claimed_delta(compressor):
+    for seed in range(3):
+        x = jnp.asarray(_x32(200, seed=seed))
+        got = compressor.decompress(compressor.compress(x, None))
+        assert got.dtype == x.dtype and got.shape == x.shape
+        error = float(jnp.sum((got - x) ** 2))
+        bound = (1 - compressor.delta(x.size)) * float(jnp.sum(x ** 2))
+        assert error <= bound * (1 + 1e-5), (compressor.name, error, bound)
+    zeros = jnp.zeros(50)  # an all-zero chunk: scale 1, back to zeros
+    np.testing.assert_array_equal(compressor.decompress(compressor.compress(zeros, None)), zeros)
+
+
+@pytest.mark.parametrize("d", [7, 257, 65537])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64, jnp.bfloat16])
+def test_outer_payload_bytes_are_what_the_docstrings_say(d, dtype):
+    size = np.dtype(dtype).itemsize
+    x = jnp.zeros(d, dtype)
+    m16, m64 = math.ceil(d / 16), math.ceil(d / 64)
+    expected = {
+        C.float8(): d + 4,
+        C.float8("e5m2", chunk=16): d + 4 * m16,
+        C.quantize(8, chunk=16): d + 4 * m16,
+        C.quantize(4): math.ceil(d / 2) + 4,
+        C.quantize(2, chunk=16): math.ceil(d / 4) + 4 * m16,
+        # k = ceil(0.05 * 64) = 4 a chunk: uint8 positions, 2-bit values, a scale
+        C.chunked_top_k(0.05): m64 * 4 + math.ceil(m64 * 4 * 2 / 8) + 4 * m64,
+        C.chunked_top_k(0.05, bits=None): m64 * 4 * (1 + size),
+        C.chunked_top_k(0.01, chunk=1000, bits=8):
+            math.ceil(d / 1000) * 10 * (2 + 1) + 4 * math.ceil(d / 1000),
+        C.dct_top_k(0.25): m64 * 16 * (max(size, 4) + 1),
+    }
+    for compressor, nbytes in expected.items():
+        assert compressor.bytes(x) == nbytes, compressor.name
+        if d == 257:
+            assert compressor.compress(x + 1, None).nbytes == nbytes, compressor.name
+
+
+def test_outer_compressors_reject_bad_input():
+    with pytest.raises(ValueError, match="format must be one of"):
+        C.float8("e3m4")
+    for bits in (0, 3, 16):
+        with pytest.raises(ValueError, match=r"bits must"):
+            C.quantize(bits)
+    with pytest.raises(ValueError, match=r"bits must be one of \(2, 4, 8\)"):
+        C.chunked_top_k(0.1, bits=1)
+    with pytest.raises(TypeError, match="bits must be an int"):
+        C.quantize(4.0)
+    for make in (C.quantize, C.float8):
+        with pytest.raises(ValueError, match="chunk must be >= 1"):
+            make(8, chunk=0) if make is C.quantize else make(chunk=0)
+    for make in (C.chunked_top_k, C.dct_top_k):
+        with pytest.raises(ValueError, match="chunk must be <= 65536"):
+            make(0.1, chunk=1 << 17)
+        with pytest.raises(ValueError, match=r"ratio must be in \(0.0, 1.0\]"):
+            make(0.0)
+    for compressor in OUTER[:1] + OUTER[3:4] + OUTER[-2:]:
+        with pytest.raises(TypeError, match="real floating"):
+            compressor.compress(jnp.arange(4), None)

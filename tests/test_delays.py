@@ -59,8 +59,8 @@ def test_equal_speeds_reproduce_the_synchronous_iterates(delays):
     x0, same = _x0(problem, N), _x0(problem, N, same=True)
     atc = jfa.from_optax(jfo.atc(optax.sgd(lr), topology=topo))
     pairs = [
-        (jfa.async_push_sum(optax.sgd(lr)), jfa.from_optax(jfo.push_sum(optax.sgd(lr), topology=topo)),
-         x0, 0),
+        (jfa.async_push_sum(optax.sgd(lr)),
+         jfa.from_optax(jfo.push_sum(optax.sgd(lr), topology=topo)), x0, 0),
         (jfa.hop(optax.sgd(lr), staleness=0, backups=0, skip=False), atc, same, 1),
     ]
     for trainer, synchronous, x, shift in pairs:
@@ -125,7 +125,8 @@ def test_straggler_runs_are_reproducible_and_asynchronous_agents_do_not_wait():
         return jf.Delays.straggler(N, 4.0, message=np.random.default_rng(seed).uniform(
             0.05, 0.3, (N, N)), jitter=0.3, seed=seed)
 
-    for make in (lambda: jfa.async_push_sum(optax.sgd(lr)), lambda: jfa.adpsgd(optax.sgd(lr), seed=2),
+    for make in (lambda: jfa.async_push_sum(optax.sgd(lr)),
+                 lambda: jfa.adpsgd(optax.sgd(lr), seed=2),
                  lambda: jfa.hop(optax.sgd(lr), staleness=None, backups=1)):
         first = _train(make(), problem, topo, 20, _x0(problem, N), delays(1))
         again = _train(make(), problem, topo, 20, _x0(problem, N), delays(1))

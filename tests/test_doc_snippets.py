@@ -9,10 +9,11 @@ blocks, RST comments the rendered page does not show::
 
 ``.. doc-snippet run: jaxfog run -np 4`` starts a new program, run on 4 MPI
 processes instead of one plain ``python`` (``.. doc-snippet run: python`` starts
-a new plain one): the blocks after it, up to the next such line, are that program. A ``.. code-block:: text`` right after
-a Python block is the output the page promises: the program must print it
-(numbers compared to 1e-5). The README's Python is its quickstart, run both ways
-by ``tests/test_docs.py``; the install commands are what ``.ci/run`` runs.
+a new plain one): the blocks after it, up to the next such line, are that
+program. A ``.. code-block:: text`` right after a Python block is the output
+the page promises: the program must print it (numbers compared to 1e-5). The
+README's Python is its quickstart, run both ways by ``tests/test_docs.py``; the
+install commands are what ``.ci/run`` runs.
 """
 
 from __future__ import annotations

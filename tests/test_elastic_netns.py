@@ -23,7 +23,7 @@ import pytest
 
 from jaxfog.testing import launch_environment, run_command
 from mpi_harness import openmpi_with_ulfm
-from netns_rig import netns_cluster_factory, rank_processes  # noqa: F401,F811 (fixture)
+from netns_rig import rank_processes
 
 PROGRAM = Path(__file__).resolve().parents[1] / "examples" / "elastic_digits.py"
 STEPS, EVERY = 60, 10

@@ -206,8 +206,8 @@ int main() {
   }
   for (size_t bytes : {size_t{8}, size_t{1} << 20}) {  // inline and on the thread
     // An exception fails the op with an error naming it; the thread goes on.
-    std::optional<std::string> oom = Wait(thread.Run("neighbor_allreduce", bytes,
-                                                     []() -> ffi::Error { throw std::bad_alloc(); }));
+    std::optional<std::string> oom = Wait(thread.Run(
+        "neighbor_allreduce", bytes, []() -> ffi::Error { throw std::bad_alloc(); }));
     CHECK(oom && oom->find("jaxfog neighbor_allreduce: out of memory") != std::string::npos);
     std::optional<std::string> other = Wait(thread.Run("allreduce", bytes, []() -> ffi::Error {
       throw std::runtime_error("boom");

@@ -189,7 +189,8 @@ def test_nccl_lowering_leaves_the_weighted_sum_to_xla(nccl_state):
     code = ffi.op_table()["neighbor_allreduce"].code  # the op the exchange serves
     assert f"op = {code} : i64" in call[0], call
     assert "send_ranks = dense<[1, 2]>" in call[0] and "recv_ranks = dense<[1, 3]>" in call[0]
-    assert "(!stablehlo.token, tensor<2x3x2xf32>) -> (!stablehlo.token, tensor<2x3x2xf32>)" in call[0]
+    signature = "(!stablehlo.token, tensor<2x3x2xf32>) -> (!stablehlo.token, tensor<2x3x2xf32>)"
+    assert signature in call[0]
     constants = [[float(v) for v in c.strip("[]").split(",")]
                  for c in re.findall(r"constant dense<([^>]+)>", text)]
     # Send weights and receive weights as one vector each (a fused reduction

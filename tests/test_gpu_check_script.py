@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import exit_probe  # noqa: E402
 
 
-def _check(out: Path, *args: str, timeout: float, **env: str) -> tuple[subprocess.CompletedProcess, float]:
+def _check(out: Path, *args: str, timeout: float,
+           **env: str) -> tuple[subprocess.CompletedProcess, float]:
     full = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "GPU_CHECK_NO_BUILD": "1",
             # This checkout's jaxfog, whichever is installed.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),

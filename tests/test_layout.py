@@ -249,7 +249,8 @@ def test_every_module_is_private_or_public_and_documented():
 #: Modules that may ask which backend runs: the ops (where the backends live)
 #: and what sits below them (the runtime's queries, the simulation's context,
 #: the traffic counters), plus the simulation's entry point.
-_MAY_ASK = ("jaxfog.ops", "jaxfog.simulation", "jaxfog.runtime", "jaxfog._context", "jaxfog.traffic")
+_MAY_ASK = ("jaxfog.ops", "jaxfog.simulation", "jaxfog.runtime", "jaxfog._context",
+            "jaxfog.traffic")
 
 
 def test_no_module_above_the_ops_branches_on_the_backend():

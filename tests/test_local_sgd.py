@@ -73,7 +73,7 @@ def mixing(communication, n, t, topology=None, period=16, seed=0):
 
 
 def reference(method, problem, steps, every, inner_lr, communication, topology=None,
-              compress=None, **outer):
+              compress=None, decay=1.0, **outer):
     """The iterates of local SGD / DiLoCo / NoLoCo written from the equations."""
     n, d = problem.A.shape[0], problem.A.shape[-1]
     X = np.zeros((n, d))
@@ -93,7 +93,7 @@ def reference(method, problem, steps, every, inner_lr, communication, topology=N
             elif method == "diloco":
                 delta = anchor - X                       # pseudo-gradient
                 if compress is not None:                 # error feedback
-                    p = delta + residual
+                    p = delta + decay * residual
                     sent = np.stack([compress(p[i], i, t) for i in range(n)])
                     residual = p - sent
                     delta_bar, anchor_bar = W @ sent, anchor
@@ -148,7 +148,8 @@ def test_diloco_matches_the_reference(problem):
 
 def test_diloco_error_feedback_matches_the_reference(problem):
     lr = 0.3 / problem.lipschitz
-    for compressor in (C.top_k(0.3), C.sign()):
+    for compressor in (C.top_k(0.3), C.sign(), C.quantize(4, chunk=4),
+                       C.chunked_top_k(0.5, chunk=4, bits=2)):
         seed = 3
 
         def compress(p, rank, t):
@@ -162,6 +163,11 @@ def test_diloco_error_feedback_matches_the_reference(problem):
         check(got, want)
         assert np.abs(got - path(jfo.diloco(optax.sgd(lr, momentum=0.5), every=3),
                                  problem, 14)).max() > 1e-6, compressor.name
+    # SparseLoCo: the decayed residual in place of the outer momentum.
+    got = path(jfo.diloco(optax.sgd(lr, momentum=0.5), optax.sgd(0.9), every=3,
+                          compressor=compressor, error_decay=0.8, seed=seed), problem, 14)
+    check(got, reference("diloco", problem, 14, 3, lr, "allreduce", compress=compress,
+                         decay=0.8, lr=0.9, momentum=0.0, nesterov=False))
 
 
 def test_noloco_matches_the_reference(problem):
@@ -307,6 +313,10 @@ def test_bad_outer_and_compressor_raise():
         jfo.diloco(optax.sgd(0.1), every=2, compressor="top_k")
     with pytest.raises(ValueError, match="compressor compresses"):
         jfo.diloco(optax.sgd(0.1), every=2, communication="gossip", compressor=C.sign())
+    with pytest.raises(ValueError, match=r"error_decay must be in \[0.0, 1.0\]"):
+        jfo.diloco(optax.sgd(0.1), every=2, compressor=C.sign(), error_decay=1.5)
+    with pytest.raises(ValueError, match="without a compressor there is none"):
+        jfo.diloco(optax.sgd(0.1), every=2, error_decay=0.9)
     with pytest.raises(ValueError, match="momentum must be in"):
         jfo.noloco(optax.sgd(0.1), every=2, momentum=1.5)
     with pytest.raises(ValueError, match="update\\(\\) needs params"):

@@ -100,7 +100,8 @@ def test_python_primitives_name_exactly_the_table_targets():
     for family in set(jaxfog.ops.OPS.values()):  # jaxfog.ops is lazy: define every primitive
         importlib.import_module(f"jaxfog.ops.{family}")
 
-    assert _primitive_machinery.TARGETS == {name: spec.target for name, spec in ffi.op_table().items()}
+    assert _primitive_machinery.TARGETS == {name: spec.target
+                                            for name, spec in ffi.op_table().items()}
 
 
 def test_the_nonblocking_ops_are_exactly_those_python_starts():

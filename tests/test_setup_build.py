@@ -223,7 +223,8 @@ def test_library_is_loaded_locally_and_its_mpi_globally(first):
              + "from jaxfog import ffi\n"
              "ffi.library()\n"
              "scope = ctypes.CDLL(None)\n"
-             "print(hasattr(scope, 'jaxfog_build_info'), hasattr(scope, 'MPI_Get_library_version'))\n"
+             "print(hasattr(scope, 'jaxfog_build_info'),\n"
+             "      hasattr(scope, 'MPI_Get_library_version'))\n"
              "print(json.dumps(ffi.link_info()))\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})

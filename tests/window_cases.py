@@ -15,7 +15,8 @@ class WindowModel:
         self.sources = sources
         self.published = X.copy()
         fill = 0.0 if zero_init else 1.0
-        self.slots = np.where(sources[..., None], fill * X[:, None, :], 0.0)  # [i, j]: j's slot on i
+        # [i, j]: j's slot on i
+        self.slots = np.where(sources[..., None], fill * X[:, None, :], 0.0)
         self.versions = np.zeros((n, n), int)
         self.p = np.ones(n)
         self.slot_p = np.where(sources, fill, 0.0)

@@ -25,8 +25,11 @@ leaves (:func:`compress_tree`): the leaves of a group are flattened and
 merged into one vector, compressed as one (MergeComp); :func:`search` picks
 the grouping from measured times.
 
-The modules: ``compressors`` (the compressors, pure), ``groups`` (a pytree in
-groups of leaves) and ``search`` (MergeComp's search, which times exchanges).
+The modules: ``compressors`` (the compressors, pure), ``quantized`` (those for
+outer gradients: 8-bit floats, integers of 8, 4 or 2 bits with a scale a
+chunk, chunked top-k with quantized values, a chunked DCT then top-k),
+``groups`` (a pytree in groups of leaves) and ``search`` (MergeComp's search,
+which times exchanges).
 Import the names from :mod:`jaxfog.compress` itself.
 
 References:
@@ -49,12 +52,13 @@ References:
 
 from jaxfog.compress.compressors import (Compressor, Payload, identity, low_rank, qsgd, rand_k,
                                          sign, top_k)
+from jaxfog.compress.quantized import chunked_top_k, dct_top_k, float8, quantize
 from jaxfog.compress.groups import (Groups, balanced, check_groups, compress_groups,
                                     compress_tree, decompress_tree, merge, per_leaf, split,
                                     tree_bytes, unstack)
 from jaxfog.compress.search import SearchResult, exchange_timer, search
 
 __all__ = ["Compressor", "Groups", "Payload", "SearchResult", "balanced", "check_groups",
-           "compress_groups", "compress_tree", "decompress_tree", "exchange_timer", "identity",
-           "low_rank", "merge", "per_leaf", "qsgd", "rand_k", "search", "sign", "split",
-           "top_k", "tree_bytes", "unstack"]
+           "chunked_top_k", "compress_groups", "compress_tree", "dct_top_k", "decompress_tree",
+           "exchange_timer", "float8", "identity", "low_rank", "merge", "per_leaf", "qsgd",
+           "quantize", "rand_k", "search", "sign", "split", "top_k", "tree_bytes", "unstack"]

@@ -43,8 +43,8 @@ from jax.interpreters import ad, batching, mlir
 
 from jaxfog import ffi, runtime
 from jaxfog.errors import HandleError
-from jaxfog.ops._primitive_machinery import (ATTRIBUTES, comm_effect, differentiable, lower_comm_call,
-                                   not_differentiable)
+from jaxfog.ops._primitive_machinery import (ATTRIBUTES, comm_effect, differentiable,
+                                             lower_comm_call, not_differentiable)
 from jaxfog.ops._primitive_machinery import ADJOINTS
 from jaxfog.ops import _jax_compat
 

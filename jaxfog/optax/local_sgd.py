@@ -256,7 +256,8 @@ class DiLoCoState(NamedTuple):
 def diloco(inner: optax.GradientTransformation,
            outer: optax.GradientTransformation | None = None, *, every: int,
            communication: str = "allreduce", topology: Any = None,
-           compressor: C.Compressor | None = None, groups: Any = None, period: int = 16,
+           compressor: C.Compressor | None = None, groups: Any = None,
+           error_decay: float = 1.0, period: int = 16,
            seed: int = 0) -> optax.GradientTransformationExtraArgs:
     r"""DiLoCo: ``every`` inner steps, then an outer step on the averaged pseudo-gradient.
 
@@ -293,13 +294,20 @@ def diloco(inner: optax.GradientTransformation,
 
     .. math::
 
-        p_i = \Delta_i + e_i, \qquad e_i \leftarrow p_i - C(p_i), \qquad
+        p_i = \Delta_i + \beta\, e_i, \qquad e_i \leftarrow p_i - C(p_i), \qquad
         \bar\Delta = \frac1n \sum_j C(p_j),
 
     the residual :math:`e` (zero at the start) carrying what compression left
-    out into the next round; the payloads travel in one
+    out into the next round, decayed by :math:`\beta` ``error_decay`` (1:
+    plain error feedback); the payloads travel in one
     :func:`jaxfog.allgather` per round (key ``fold_in(fold_in(PRNGKey(seed),
-    rank), t)``). ``identity()`` gives the uncompressed iterates.
+    rank), t)``), each agent decoding all of them (a sum of payloads would
+    have to decode and compress again at every hop; see the compression
+    guide). ``identity()`` gives the uncompressed iterates. SparseLoCo is
+    this with error feedback in place of the outer momentum: ``outer=
+    optax.sgd(lr)``, ``compressor=jaxfog.compress.chunked_top_k(0.03)`` (2-bit
+    values) and ``error_decay`` below 1 (the decayed residual is the
+    momentum).
 
     Streaming DiLoCo, the parameters in fragments synchronised at staggered
     steps, each fragment's exchange overlapping the next inner steps (its
@@ -322,6 +330,8 @@ def diloco(inner: optax.GradientTransformation,
       compressor: a :class:`jaxfog.compress.Compressor` for the
         pseudo-gradient (with ``"allreduce"``), or ``None``.
       groups: how leaves are merged before compression, as for :func:`choco`.
+      error_decay: :math:`\beta`, in [0, 1], the residual's weight in the
+        next round (with a ``compressor`` only).
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -334,13 +344,17 @@ def diloco(inner: optax.GradientTransformation,
       TypeError: ``inner`` or ``outer`` is not an optax transformation,
         ``every`` not an int, ``compressor`` not a Compressor.
       ValueError: ``every < 1``, an unknown ``communication``, a compressor
-        with another communication than ``"allreduce"``.
+        with another communication than ``"allreduce"``, ``error_decay``
+        outside [0, 1] or not 1 without a compressor.
 
     Example::
 
         optimizer = jaxfog.optax.diloco(optax.adamw(1e-3), every=50)
         optimizer = jaxfog.optax.diloco(optax.adamw(1e-3), every=50,
-                                        compressor=jaxfog.compress.top_k(0.01))
+                                        compressor=jaxfog.compress.quantize(4, chunk=64))
+        sparseloco = jaxfog.optax.diloco(
+            optax.adamw(1e-3), optax.sgd(1.0), every=50, error_decay=0.95,
+            compressor=jaxfog.compress.chunked_top_k(0.03, chunk=64, bits=2))
 
     References:
       Douillard, Feng, Rusu, Chhaparia, Donchev, Kuncoro, Ranzato, Szlam,
@@ -357,6 +371,10 @@ def diloco(inner: optax.GradientTransformation,
             raise ValueError("jaxfog.optax.diloco: a compressor compresses the allreduce's "
                              "pseudo-gradients; with communication="
                              f"{communication!r} the anchors would travel dense too")
+    error_decay = V.real("jaxfog.optax.diloco", "error_decay", error_decay, low=0.0, high=1.0)
+    if error_decay != 1.0 and compressor is None:
+        raise ValueError("jaxfog.optax.diloco: error_decay weighs the error-feedback residual "
+                         "of a compressor; without a compressor there is none")
     mix = _mixer(communication, topology, period, seed, "diloco")
 
     def init(params):
@@ -372,7 +390,7 @@ def diloco(inner: optax.GradientTransformation,
         delta = _sub(anchor, theta)
         if compressor is not None:
             plan = G.layout(None, compressor, delta, groups, neighbors=False)
-            p = [d + e for d, e in zip(C.merge(delta, plan.groups), residual)]
+            p = [d + error_decay * e for d, e in zip(C.merge(delta, plan.groups), residual)]
             payloads = C.compress_groups(compressor, p, G.step_key(key, t))
             residual = [a - compressor.decompress(q) for a, q in zip(p, payloads)]
             mean = C.split(G.mean_of_all(compressor, payloads), delta, plan.groups)

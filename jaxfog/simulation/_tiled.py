@@ -47,11 +47,12 @@ hierarchical form: machine means, stored back as the leaf's type, then
 ``kron(wm, I)``, in one kernel); a traced self weight, traced weights,
 simulations over a mesh, bool and complex leaves, and the one-sided windows
 keep the gather path, as do values traced under a mesh with Explicit axes
-(``jax.set_mesh``: Pallas takes no sharding-typed operands). GPU speed is NOT yet measured: the kernel was checked
-against numpy and the gather path in Pallas' interpreter on CPU, and its
-Triton lowering was built on CPU (not compiled by ptxas nor run);
-``benchmarks/bench_gpu.py --part simulate`` reports it beside the gather path,
-the bound and dense W @ X, and ``GPU_TILE`` is a guess until it has run.
+(``jax.set_mesh``: Pallas takes no sharding-typed operands). GPU speed is NOT
+yet measured: the kernel was checked against numpy and the gather path in
+Pallas' interpreter on CPU, and its Triton lowering was built on CPU (not
+compiled by ptxas nor run); ``benchmarks/bench_gpu.py --part simulate``
+reports it beside the gather path, the bound and dense W @ X, and ``GPU_TILE``
+is a guess until it has run.
 """
 
 from __future__ import annotations
