@@ -283,8 +283,8 @@ def test_ranks_lines_are_never_joined(tmp_path, prefix):
 
 def test_forward_lines_status_and_signals(tmp_path):
     """The rank's command's exit status comes back (128 + n for signal n), a
-    signal to the rank shim reaches the command, and the shim ends as the
-    command did (by that signal)."""
+    signal to the rank shim reaches the command, and the shim ends with that
+    status, or under Open MPI by that signal (ULFM then tells the survivors)."""
     out = tmp_path / "out"
     with open(out, "wb") as sink:
         status = launcher.forward_lines([sys.executable, "-c", "print('a'); exit(3)"],
@@ -292,9 +292,12 @@ def test_forward_lines_status_and_signals(tmp_path):
     assert status == 3 and out.read_text() == "[0] a\n"
     assert launcher.forward_lines(["sh", "-c", "kill -TERM $$"]) == 128 + 15
     assert launcher.forward_lines(["no-such-command-jaxfog"]) == 127
-    shim = subprocess.Popen([sys.executable, SHIM, sys.executable, "-c",
-                             "import time; print('up', flush=True); time.sleep(60)"],
-                            stdout=subprocess.PIPE, text=True)
-    assert shim.stdout.readline() == "up\n"
-    shim.send_signal(signal.SIGTERM)
-    assert shim.wait(timeout=20) == -signal.SIGTERM
+    for openmpi, status in ((False, 128 + signal.SIGTERM), (True, -signal.SIGTERM)):
+        env = {**os.environ, "OMPI_COMM_WORLD_RANK": "0"} if openmpi else {
+            k: v for k, v in os.environ.items() if k != "OMPI_COMM_WORLD_RANK"}
+        shim = subprocess.Popen([sys.executable, SHIM, sys.executable, "-c",
+                                 "import time; print('up', flush=True); time.sleep(60)"],
+                                stdout=subprocess.PIPE, text=True, env=env)
+        assert shim.stdout.readline() == "up\n"
+        shim.send_signal(signal.SIGTERM)
+        assert shim.wait(timeout=20) == status, openmpi

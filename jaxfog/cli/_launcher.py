@@ -217,14 +217,16 @@ def exec_rank(command: Sequence[str]) -> None:
 
 
 def _end_like(status: int) -> None:
-    """Ends the shim as its command ended: with its status, or by the signal
-    that killed it. A launcher watching the shim must see a SIGKILLed rank as
-    killed (Open MPI's ULFM tells the survivors of a rank that died that way,
-    not of one that exited with status 137)."""
+    """Ends the shim with its command's status, or, under Open MPI, by the
+    signal that killed the command: Open MPI's ULFM tells the survivors of a
+    rank killed by a signal, not of one that exited with status 137. (MPICH's
+    hydra, told of a rank killed by a signal, kills the others at once, before
+    they can say why they end, e.g. JAXFOG_INIT_TIMEOUT's SIGKILL.)"""
     import signal
 
     number = status - 128
-    if number in signal.valid_signals() and number not in (signal.SIGSTOP, signal.SIGTSTP):
+    if ("OMPI_COMM_WORLD_RANK" in os.environ and number in signal.valid_signals()
+            and number not in (signal.SIGSTOP, signal.SIGTSTP)):
         sys.stdout.flush()
         sys.stderr.flush()
         try:

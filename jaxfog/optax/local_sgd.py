@@ -492,6 +492,11 @@ def noloco(inner: optax.GradientTransformation, *, every: int,
     * the paper's random routing of activations between pipeline stages is
       outside an optimizer's scope and is not done.
 
+    It takes no compressor: its anchors differ between agents and travel
+    with the pseudo-gradient (or as :math:`\theta`), and compressing them
+    needs public copies of the peers' anchors, as :func:`choco` keeps, which
+    a random peer each round would have to hold for every agent.
+
     Args:
       inner: the local optimizer, any optax transformation; its ``update``
         receives the local gradient, its state, ``params`` and the extra
