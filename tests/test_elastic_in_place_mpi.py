@@ -23,15 +23,12 @@ import textwrap
 import time
 
 import numpy as np
-import optax
 import pytest
 
-import jaxfog as jf
 import jaxfog.elastic as je
-import jaxfog.optax as jfo
-import jaxfog.topology as T
 from jaxfog.cli import _launcher as launcher
 from mpi_harness import openmpi_with_ulfm
+from test_elastic import _quadratic_program
 from test_elastic_mpi import _assert_same, _launch, _simulated
 
 STEPS = 60
@@ -85,25 +82,8 @@ with open(os.path.join(out, f"rank{{first_rank}}.json"), "w") as f:
 
 def _simulated_quadratic(method: str, resume_step: int) -> np.ndarray:
     """The oracle: the same program on 3 simulated agents, agent 2 leaving at resume_step."""
-    def program(n):
-        agents = jf.Agents(simulated=n)
-        topology = T.exponential(n)
-        optimizer = {"gradient_tracking": lambda: jfo.gradient_tracking(0.2, topology=topology),
-                     "atc": lambda: jfo.atc(optax.sgd(0.2), topology=topology)}[method]()
-        targets = agents.data(lambda r: np.array([r, r * r], np.float32) / n)
-
-        def step(x, s, c):
-            updates, s = optimizer.update(x - c, s, x)
-            return optax.apply_updates(x, updates), s
-
-        x0 = agents.data(lambda r: np.zeros(2, np.float32))
-        state = je.State(params=x0, opt_state=agents.map(optimizer.init)(x0), every=1000)
-        step = agents.map(step)
-        for _ in state.steps(STEPS):
-            state.params, state.opt_state = step(state.params, state.opt_state, targets)
-        return np.asarray(state.params)
-
-    x, resumed = je.simulate(program, 3, {resume_step: je.Change(leave=[2])})
+    program = _quadratic_program(method, steps=STEPS, every=1000)
+    (x, _), resumed = je.simulate(program, 3, {resume_step: je.Change(leave=[2])})
     assert [r.members for r in resumed] == [(0, 1, 2), (0, 1)]
     return x
 

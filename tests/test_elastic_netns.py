@@ -60,6 +60,23 @@ def _assert_same(out: Path, simulated):
     assert abs(float(mpi["accuracy"]) - accuracy) <= 2 / 360
 
 
+def _kill_after_step_20(cluster, command, env, snapshots: Path, kill) -> tuple:
+    """Runs ``command`` in a thread and calls ``kill()`` once host 3's member
+    has written its snapshot of step 20; returns (the launch's result, when
+    ``kill`` returned)."""
+    done: dict = {}
+    launch = threading.Thread(target=lambda: done.setdefault(
+        "result", run_command(command, timeout=400, env=env)))
+    launch.start()
+    marker = snapshots / cluster.names[3] / "member3.step20.npz"
+    while launch.is_alive() and not marker.exists():
+        time.sleep(0.1)
+    kill()
+    killed = time.monotonic()
+    launch.join()
+    return done["result"], killed
+
+
 def test_a_whole_host_killed_restarts_on_the_hosts_left(netns_cluster_factory, tmp_path):
     """4 hosts, one rank each. Once host 3 has written its snapshot of step
     20, every process on it is SIGKILLed (its hydra proxy too) and it stays
@@ -75,18 +92,8 @@ def test_a_whole_host_killed_restarts_on_the_hosts_left(netns_cluster_factory, t
                        options=["--hosts", hosts, "--max-restarts", "1"], pace=0.1)
     env = cluster.environment(launch_environment({"JAXFOG_TIMEOUT": "10",
                                                   "JAXFOG_PROBE_TIMEOUT": "5"}))
-    done: dict = {}
-    launch = threading.Thread(target=lambda: done.setdefault(
-        "result", run_command(command, timeout=400, env=env)))
-    launch.start()
-    marker = snapshots / cluster.names[3] / "member3.step20.npz"
-    while launch.is_alive() and not marker.exists():
-        time.sleep(0.1)
-    cluster.never_join(3)
-    cluster.kill_host(3)
-    killed = time.monotonic()
-    launch.join()
-    result = done["result"]
+    result, killed = _kill_after_step_20(cluster, command, env, snapshots, lambda: (
+        cluster.never_join(3), cluster.kill_host(3)))
     assert result.ok, result.report()
     output = result.output
     assert "restart 1 of 1" in output and "relaunch 1 on 3 rank(s)" in output, output
@@ -143,17 +150,8 @@ def test_a_rank_killed_mid_step_recovers_in_place_under_openmpi_ulfm(netns_clust
     command = _command(cluster, out, snapshots, np_=4, pace=0.1, options=[
         "--hosts", hosts, "--max-restarts", "0", "--mpi-args", "--with-ft ulfm"])
     env = cluster.environment(launch_environment({"JAXFOG_TIMEOUT": "20"}))
-    done: dict = {}
-    launch = threading.Thread(target=lambda: done.setdefault(
-        "result", run_command(command, timeout=400, env=env)))
-    launch.start()
-    marker = snapshots / cluster.names[3] / "member3.step20.npz"
-    while launch.is_alive() and not marker.exists():
-        time.sleep(0.1)
-    for pid in rank_processes(cluster, 3, PROGRAM.name):
-        os.kill(pid, signal.SIGKILL)
-    launch.join()
-    result = done["result"]
+    result, _ = _kill_after_step_20(cluster, command, env, snapshots, lambda: [
+        os.kill(pid, signal.SIGKILL) for pid in rank_processes(cluster, 3, PROGRAM.name)])
     assert result.ok, result.report()
     said = re.search(r"rank\(s\) \[3\] failed; resumed in place at step (\d+) on 3 rank\(s\) "
                      r"\(members \[0, 1, 2\]; shrink ([\d.]+) s", result.output)
