@@ -1,4 +1,4 @@
-"""Build script: the Python package plus the C++ XLA FFI library.
+"""Build script: the C++ XLA FFI library (the package's metadata is pyproject.toml's).
 
 The FFI library (``jaxfog/ffi/libjaxfog_ffi.so``) is compiled against
 jaxlib's FFI headers and an MPI found as follows:
@@ -36,7 +36,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
@@ -333,11 +333,6 @@ class BuildFfi(build_ext):
         return super().get_ext_filename(fullname)
 
 
-# NCCL's headers and library (the build compiles the NCCL transport against the
-# former; tests load the latter).
-_NCCL_WHEEL = "nvidia-nccl-cu13; sys_platform == 'linux' and platform_machine == 'x86_64'"
-
-
 def _install_requires() -> list[str]:
     # The last three minor jax releases (docs/building.rst: the support window);
     # private JAX API is confined to jaxfog/ops/_jax_compat.py.
@@ -347,32 +342,11 @@ def _install_requires() -> list[str]:
     return requires
 
 
+# The package's metadata is pyproject.toml's [project]; this adds the FFI library
+# and the dependencies that depend on the build's MPI.
 setup(
-    name="jaxfog",
-    version="0.1.0",
-    description=("Decentralized optimization for JAX: neighbor averaging as XLA FFI "
-                 "custom calls over MPI"),
-    long_description=(HERE / "README.md").read_text() if (HERE / "README.md").exists() else "",
-    long_description_content_type="text/markdown",
-    license="Apache-2.0",
-    license_files=["LICENSE"],
-    python_requires=">=3.11",  # jaxlib 0.10 has no Python 3.10 wheels
-    packages=find_packages(include=["jaxfog", "jaxfog.*"]),
-    package_data={"jaxfog": ["py.typed"], "jaxfog.ffi": ["*.h", "*.cc", "exports.lds"]},
     ext_modules=[Extension(FFI_EXT_NAME, sources=FFI_SOURCES, language="c++",
                            depends=[str(p) for p in FFI_DIR.glob("*.h")])],
     cmdclass={"build_ext": BuildFfi},
     install_requires=_install_requires(),
-    extras_require={
-        "demo": ["flax", "matplotlib", "networkx", "rich", "scikit-learn"],
-        "checkpoint": ["orbax-checkpoint"],
-        # setuptools: tests/test_openmpi.py builds the library against Open MPI.
-        # ruff: .ci/run holds the tree at zero findings (pyproject.toml's rules).
-        "test": ["pytest>=7", "setuptools>=64", "flax", _NCCL_WHEEL, "matplotlib", "networkx",
-                 "orbax-checkpoint", "rich", "ruff>=0.17,<0.18", "scipy", "scikit-learn",
-                 "sphinx>=7"],
-        "docs": ["sphinx>=7"],
-        "bench": ["matplotlib", "mpi4jax"],
-    },
-    entry_points={"console_scripts": ["jaxfog=jaxfog.cli:main"]},
 )
