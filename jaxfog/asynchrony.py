@@ -88,8 +88,8 @@ class Trainer(NamedTuple):
     #: ``ready(state) -> bool``: may the agent start its next iteration now
     #: (Hop's bounds); always True for the others.
     ready: Callable[[Any], Any]
-    #: ``free()``: releases the windows; collective.
-    free: Callable[[], None]
+    #: ``free()``: releases the windows; collective (what it returns is unused).
+    free: Callable[[], object]
     #: Whether agents step independently (in simulated time, the agents
     #: whose steps end first go first); a synchronous trainer's agents step
     #: together and its ops wait for the neighbours.
@@ -132,7 +132,7 @@ class OptaxState(NamedTuple):
 
 
 def from_optax(optimizer: optax.GradientTransformation, *,
-               free: Callable[[], None] = _nothing, asynchronous: bool = False,
+               free: Callable[[], object] = _nothing, asynchronous: bool = False,
                finish: Callable[[Any], Any] | None = None) -> Trainer:
     """A trainer of one optax transformation: ``g = grad_fn(x, k)``,
     ``x += update(g)``. Synchronous for jaxfog's neighbour and collective

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -52,7 +52,8 @@ def _processes() -> tuple[int, int, Any]:
     checkpoint of their global arrays together, as one process would: the
     simulated agents' layout (orbax coordinates them)."""
     if jax.process_count() == 1 and runtime.is_initialized() and runtime.size() > 1:
-        return runtime.rank(), runtime.size(), runtime.communicator()
+        # An MPI process's rank: an int (only a simulated agent's is traced).
+        return cast(int, runtime.rank()), runtime.size(), runtime.communicator()
     return 0, 1, None
 
 

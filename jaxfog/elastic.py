@@ -76,7 +76,7 @@ import socket
 import threading
 import time
 import warnings
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence, cast
 
 import jax
 import numpy as np
@@ -146,8 +146,9 @@ def _delayed(restored: _common.Delayed, fresh: Any, params: Any, changed: bool):
 
 
 def _streaming(restored: StreamingDiLoCoState, fresh: Any, params: Any, changed: bool):
+    # numpy zeros: a state's arrays may be numpy ones until the next (jitted) update.
     return restored._replace(handles=_idle_handles(restored.handles),
-                             pending=np.zeros_like(restored.pending))
+                             pending=cast(jax.Array, np.zeros_like(restored.pending)))
 
 
 def _tracking(restored: TrackingState, fresh: Any, params: Any, changed: bool):
@@ -180,6 +181,7 @@ def _reconcile(restored: Any, fresh: Any, params: Any, changed: bool) -> Any:
     def is_node(x):
         return x is None or type(x) in RULES or isinstance(x, Handle)
 
+    treedef: Any  # a PyTreeDef, which jaxlib 0.10 gives no type stubs for
     nodes, treedef = jax.tree_util.tree_flatten(restored, is_leaf=is_node)
     done = []
     for node, like in zip(nodes, treedef.flatten_up_to(fresh)):
@@ -371,6 +373,8 @@ class State:
       resumed: a :class:`Resumed` saying how it started.
     """
 
+    _names: tuple[str, ...]  # the values' names (set first, in __init__'s __dict__)
+
     def __init__(self, *, every: int = DEFAULT_EVERY, directory: str | os.PathLike | None = None,
                  version: str = "", **values: Any):
         self.__dict__["_names"] = tuple(values)
@@ -446,7 +450,8 @@ class State:
                     comm.send((previous, restored), dest=newcomer, tag=_COPY_TAG)
                 if rank == newcomer:
                     previous, restored = comm.recv(source=donor, tag=_COPY_TAG)
-        befores = comm.allgather(previous) if comm is not None else [previous]
+        # Each rank's members before (None where it resumes nothing).
+        befores: list[Any] = comm.allgather(previous) if comm is not None else [previous]
         changed = restored is not None and any(list(b) != list(plan_.members)
                                                for b in befores)
         if size == 1 and any(b is not None and len(b) > 1 for b in befores):
@@ -549,7 +554,7 @@ class State:
         self._restore(resume.arrays, True)
         self.resumed = Resumed(resume.step, tuple(resume.members), {}, True)
 
-    def _keep_for_recovery(self) -> None:
+    def _keep_for_recovery(self, keep: int) -> None:
         """Keeps the state before this step (references: JAX arrays are
         immutable) and the last ``keep - 1`` before it, and waits for the
         second oldest kept: dispatch runs at most ``keep - 1`` steps ahead, so
@@ -557,9 +562,9 @@ class State:
         is still kept, and complete."""
         self._history[self.step] = self.values
         kept = sorted(self._history)
-        for old in kept[:-_in_place.keep]:
+        for old in kept[:-keep]:
             del self._history[old]
-        kept = kept[-_in_place.keep:]
+        kept = kept[-keep:]
         if len(kept) > 1:
             jax.block_until_ready(self._history[kept[1]])
 
@@ -584,7 +589,7 @@ class State:
         control = os.environ.get(CONTROL_ENV)
         while self.step < total:
             if _in_place is not None:
-                self._keep_for_recovery()
+                self._keep_for_recovery(_in_place.keep)
             yield self.step
             self.step += 1
             if _churn is not None:
@@ -606,8 +611,10 @@ class State:
 
     def _rescale_requested(self, control: str) -> bool:
         comm = self._comm()
-        asked = os.path.exists(control) if comm is None or comm.Get_rank() == 0 else None
-        return bool(comm.bcast(asked, root=0)) if comm is not None else asked
+        if comm is None:
+            return os.path.exists(control)
+        asked = os.path.exists(control) if comm.Get_rank() == 0 else None
+        return bool(comm.bcast(asked, root=0))
 
     def wait(self) -> None:
         """Waits for the snapshot being written (``steps`` does at its end)."""
@@ -682,18 +689,19 @@ def _peer_failure(error: BaseException) -> bool:
     if _known_failures():
         return True
     seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
+    cause: BaseException | None = error  # then the exceptions it came from
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
         try:
             from mpi4py import MPI
-            if isinstance(error, MPI.Exception) and error.Get_error_class() in (
+            if isinstance(cause, MPI.Exception) and cause.Get_error_class() in (
                     MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED):
                 return True
         except ImportError:  # pragma: no cover
             pass
-        if any(sign in str(error) for sign in _FAILURE_SIGNS):
+        if any(sign in str(cause) for sign in _FAILURE_SIGNS):
             return True
-        error = error.__cause__ or error.__context__
+        cause = cause.__cause__ or cause.__context__
     return False
 
 
@@ -712,6 +720,7 @@ def _recover(ip: _InPlace, error: BaseException) -> _Resume:
             f"jaxfog.elastic.run: the survivors (old ranks {old_ranks}) hold no common step "
             f"in memory (steps held: {held}); nothing to resume in place from") from error
     step = max(common)
+    assert state is not None  # this rank's steps (none without a State) hold `step`
     members = [state.resumed.members[r] for r in old_ranks]
     arrays = _flatten(state._history[step])
     record = Recovery(step, tuple(old_ranks), tuple(members), shrunk - started,

@@ -101,7 +101,9 @@ def gpu_identity() -> tuple[str, list[str]] | None:
     one first, or, unset, when a CUDA plugin is installed and the NVIDIA
     driver lists a GPU; it then drives every GPU in CUDA_VISIBLE_DEVICES
     (``jaxfog run`` gives each local rank one), else every GPU of the host."""
-    platforms = [p.strip() for p in (jax.config.jax_platforms or "").split(",") if p.strip()]
+    # jax.config's options are attributes it sets at run time (untyped).
+    setting = jax.config.jax_platforms or ""  # type: ignore[attr-defined]
+    platforms = [p.strip() for p in setting.split(",") if p.strip()]
     if platforms and platforms[0] not in ("cuda", "gpu"):
         return None
     if not platforms and not _cuda_plugin_installed():

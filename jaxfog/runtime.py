@@ -290,6 +290,8 @@ class _bounded_mpi_init:
     so without this bound the others would wait forever. The launcher knows
     which host is missing; MPI tells a rank nothing before MPI_Init returns."""
 
+    watchdog: subprocess.Popen[bytes] | None
+
     def __init__(self, seconds: float):
         self.seconds, self.watchdog = seconds, None
 
@@ -310,6 +312,7 @@ class _bounded_mpi_init:
 
     def __exit__(self, *exc) -> None:
         if self.watchdog is not None:
+            assert self.watchdog.stdin is not None  # stdin=PIPE
             self.watchdog.stdin.close()
             self.watchdog.wait()
 

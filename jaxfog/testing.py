@@ -164,6 +164,7 @@ def _load(file: str):
     path = Path(file)
     sys.path.insert(0, str(path.parent))  # the test's helpers sit beside it
     spec = importlib.util.spec_from_file_location(f"_jaxfog_mpi_{path.stem}", path)
+    assert spec is not None and spec.loader is not None  # a test's .py file: a source loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -215,7 +216,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     progress = os.environ.get(PROGRESS_ENV)
     rank = _launcher._first_int(os.environ, _launcher._RANK_VARS) or 0  # before MPI starts
     note = Path(progress, f"rank{rank}") if progress else None
-    environ, x64 = dict(os.environ), bool(jax.config.jax_enable_x64)
+    environ = dict(os.environ)
+    # jax.config's options are attributes it sets at run time (untyped).
+    x64 = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
     for function in functions:
         if note is not None:
             with note.open("a") as out:

@@ -299,6 +299,7 @@ def forward_lines(command: Sequence[str], *, prefix: bytes = b"",
                                  preexec_fn=_die_with_parent)
     except FileNotFoundError:
         return _fail(f"jaxfog: command not found: {command[0]}")
+    assert child.stdout is not None and child.stderr is not None  # both are PIPEs
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                 signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda number, _frame: child.send_signal(number))

@@ -36,6 +36,7 @@ References:
 from __future__ import annotations
 
 import math
+from typing import overload
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +53,14 @@ _BITS = (2, 4, 8)
 #: The largest chunk whose positions :func:`chunked_top_k` and
 #: :func:`dct_top_k` send (as uint16).
 _MAX_INDEXED_CHUNK = 1 << 16
+
+
+@overload
+def _check_chunk(what: str, chunk: int | None, maximum: int) -> int: ...
+
+
+@overload
+def _check_chunk(what: str, chunk: int | None, maximum: None = None) -> int | None: ...
 
 
 def _check_chunk(what: str, chunk: int | None, maximum: int | None = None) -> int | None:

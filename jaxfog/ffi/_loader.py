@@ -165,7 +165,8 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_mpi_library_version.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.jaxfog_mpi_library_version.restype = ctypes.c_int
     lib.jaxfog_mpi_query_thread.restype = ctypes.c_int
-    i64, ptr, err = ctypes.c_int64, ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    err: list[type[ctypes._SimpleCData[Any]]] = [ctypes.c_char_p, ctypes.c_int]
     lib.jaxfog_win_create.argtypes = [i64, ctypes.c_int, i64, ptr, ptr, ptr, i64, i64, i64,
                                       ctypes.c_double, *err]
     lib.jaxfog_win_fill.argtypes = [i64, ptr, i64, ctypes.c_int, *err]

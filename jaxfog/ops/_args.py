@@ -16,7 +16,7 @@ exchanges with), and says so with a TypeError naming the argument.
 from __future__ import annotations
 
 import numbers
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -170,7 +170,7 @@ def win_mutex_ranks(ranks: Any) -> Any:
         if isinstance(r, (bool, np.bool_)) or not isinstance(r, numbers.Integral):
             raise TypeError(f"{what}: ranks: {r!r} is not a rank (an int), it is a "
                             f"{type(r).__name__}")
-        if not 0 <= r < size:
+        if not 0 <= cast(int, r) < size:  # an Integral: typeshed's has no __ge__
             raise ValueError(f"{what}: {r!r} is not a rank in [0, {size})")
     return ranks
 
@@ -199,7 +199,7 @@ def _self_weight(value: Any, what: str) -> Any:
         return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what}: self_weight must be a real number, got {value!r}")
-    if not np.isfinite(value):
+    if not np.isfinite(cast(float, value)):  # a Real, which numpy's stubs do not name
         raise ValueError(f"{what}: self_weight must be finite, got {value}")
     return float(value)
 
@@ -275,19 +275,19 @@ class WinCreate(NamedTuple):
 def win_create(*, name: Any, zero_init: Any, with_weight: Any, src_ranks: Any) -> WinCreate:
     what = "win_create"
     name = _window_name(name, what)
-    table = None
+    table: tuple[tuple[int, ...], ...] | None = None
     if is_array(src_ranks) and np.ndim(src_ranks) == 2:
         n = runtime.size()
         if is_traced(src_ranks):
             raise TypeError(f"{what}: src_ranks must be concrete (a window's slots are "
                             "allocated when it is created), not a traced value")
-        table = np.asarray(src_ranks)
-        if table.shape[0] != n or not np.issubdtype(table.dtype, np.integer) or (
-                (table < 0) | (table >= n)).any():
+        array = np.asarray(src_ranks)
+        if array.shape[0] != n or not np.issubdtype(array.dtype, np.integer) or (
+                (array < 0) | (array >= n)).any():
             raise ValueError(f"{what}: src_ranks as a table must be an ({n}, k) array of "
-                             f"ranks, got {table.dtype}{list(table.shape)}")
+                             f"ranks, got {array.dtype}{list(array.shape)}")
         table = tuple(tuple(sorted({int(r) for r in row if r != i}))
-                      for i, row in enumerate(table))
+                      for i, row in enumerate(array))
         rank = runtime.rank()
         src_ranks = table[rank] if isinstance(rank, (int, np.integer)) else None
     if src_ranks is not None:
@@ -299,7 +299,7 @@ def win_create(*, name: Any, zero_init: Any, with_weight: Any, src_ranks: Any) -
             if isinstance(r, (bool, np.bool_)) or not isinstance(r, numbers.Integral):
                 raise TypeError(f"{what}: src_ranks: {r!r} is not a rank (an int), it is a "
                                 f"{type(r).__name__}")
-            if not 0 <= r < runtime.size():
+            if not 0 <= cast(int, r) < runtime.size():  # an Integral: typeshed's has no __ge__
                 raise ValueError(f"{what}: src_ranks: {r!r} is not a rank in "
                                  f"[0, {runtime.size()})")
         src_ranks = tuple(sorted({int(r) for r in src_ranks}))

@@ -154,9 +154,10 @@ def keep_aot_calls_on_token_path(is_ours: Callable[[Any], bool]) -> bool:
             return None
         return original(self, params)
 
-    create_cpp_call._jaxfog = True
-    create_cpp_call._jaxfog_original = original
-    pxla.MeshExecutable.create_cpp_call = create_cpp_call
+    # Marks on the function, and a patch of JAX's private class: untyped.
+    create_cpp_call._jaxfog = True  # type: ignore[attr-defined]
+    create_cpp_call._jaxfog_original = original  # type: ignore[attr-defined]
+    pxla.MeshExecutable.create_cpp_call = create_cpp_call  # type: ignore[method-assign]
     return True
 
 
@@ -166,8 +167,8 @@ def remove_aot_guard() -> None:
 
     current = getattr(pxla.MeshExecutable, "create_cpp_call", None)
     original = getattr(current, "_jaxfog_original", None)
-    if original is not None:
-        pxla.MeshExecutable.create_cpp_call = original
+    if original is not None:  # the patch undone on JAX's private class: untyped
+        pxla.MeshExecutable.create_cpp_call = original  # type: ignore[method-assign]
 
 
 # --- dead-code elimination --------------------------------------------------

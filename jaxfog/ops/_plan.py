@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 import jax
 import numpy as np
@@ -99,7 +99,7 @@ def check_ranks(ranks: Any, size: int, rank: int, what: str) -> None:
     for r in ranks:
         if isinstance(r, (bool, np.bool_)) or not isinstance(r, numbers.Integral):
             raise TypeError(f"{what}: rank {r!r} is not an integer")
-        if not 0 <= r < size:
+        if not 0 <= cast(int, r) < size:  # an Integral: typeshed's has no __ge__
             raise ValueError(f"{what}: rank {r} is out of range for {size} ranks")
         if r == rank:
             raise ValueError(f"{what}: rank {rank} cannot be its own neighbor (use "
@@ -150,6 +150,7 @@ def from_local_view(topo: T.Topology, rank: int, self_weight: Any, src_weights: 
     if dst is not None:
         check_ranks(dst, size, rank, f"{what}: {dst_label}")
     if dst is None:  # pull: the static graph says where to send
+        assert src is not None  # _args.local_view refuses a view with neither side
         _must_be_static(src, topo.in_neighbors(rank), rank, src_label, "in", dst_label, what)
         dst = {i: 1.0 for i in topo.out_neighbors(rank)}
     elif src is None:  # push: the static graph says whom to receive from

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, cast
 
 import jax
 import jax.numpy as jnp
@@ -233,7 +233,7 @@ def linear_transpose(adjoint, n_static: int = 0):
     """Transpose rule calling ``adjoint(static, cotangents, xs, **params)`` on the
     non-zero cotangents only (zero ones stay symbolic: no communication)."""
 
-    def transpose(cts, *args, **params):
+    def transpose(cts: Any, *args: Any, **params: Any) -> list[Any]:
         static, xs = args[:n_static], args[n_static:]
         live = [i for i, ct in enumerate(cts) if type(ct) is not ad.Zero]
         results: list[Any] = [None] * n_static + [ad.Zero(x.aval) for x in xs]
@@ -303,5 +303,7 @@ def blocking_transpose(adjoint_rule):
 
 def rank_in(comm_id: int) -> int:
     """This process's rank in the communicator registered under ``comm_id``."""
-    return {runtime.WORLD_COMM_ID: runtime.rank, runtime.LOCAL_COMM_ID: runtime.local_rank,
-            runtime.LEADERS_COMM_ID: runtime.machine_rank}[comm_id]()
+    # An MPI process's: an int (only a simulated agent's is traced).
+    return cast(int, {runtime.WORLD_COMM_ID: runtime.rank,
+                      runtime.LOCAL_COMM_ID: runtime.local_rank,
+                      runtime.LEADERS_COMM_ID: runtime.machine_rank}[comm_id]())

@@ -9,7 +9,7 @@ simulated agents is the simulation's
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence, cast
 
 from jaxfog import runtime
 from jaxfog.ops import _args, _backends
@@ -38,7 +38,8 @@ def _hierarchical_args(*, self_weight: Any, src_machine_weights: Any,
 def _hierarchical_mpi(leaves: list, treedef: Any, args: HierarchicalNeighborAllreduce) -> list:
     # Machine means, the leaders' averaging over the machine topology, and
     # the leaders' results broadcast inside each machine (BlueFog, V-B).
-    plan = plan_for(runtime.load_machine_topology(), runtime.machine_rank(),
+    # An MPI process's machine rank: an int (only a simulated agent's is traced).
+    plan = plan_for(runtime.load_machine_topology(), cast(int, runtime.machine_rank()),
                     args.local_view, args.what,
                     ("src_machine_weights", "dst_machine_weights"))
     local = allreduce_p.bind(*leaves, mean=True, comm_id=runtime.LOCAL_COMM_ID)

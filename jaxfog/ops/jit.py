@@ -185,8 +185,9 @@ class Jitted:
         return self._plain.eval_shape(*args, **kwargs)
 
     def clear_cache(self) -> None:
-        self._fast.clear_cache()
-        self._plain.clear_cache()
+        # JAX adds clear_cache to its jitted functions' C++ class at run time.
+        self._fast.clear_cache()  # type: ignore[attr-defined]
+        self._plain.clear_cache()  # type: ignore[attr-defined]
 
     def __get__(self, obj, objtype=None):
         if obj is None:

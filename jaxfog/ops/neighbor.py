@@ -12,8 +12,9 @@ simulation's (``jaxfog.simulation._backend.SIMULATED``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence, cast
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import core
@@ -183,6 +184,7 @@ def plan_for(graph: T.Topology | T.Schedule, rank: int,
               labels: tuple[str, str] = ("src_weights", "dst_weights")) -> _plan.Plan:
     if local_view_ is None:
         return _plan.from_topology(graph, rank)
+    assert isinstance(graph, T.Topology)  # a Schedule takes no weights (refused earlier)
     return _plan.from_local_view(graph, rank, *_this_ranks_view(local_view_, rank, what, labels),
                                  what=what, labels=labels)
 
@@ -194,7 +196,7 @@ def mixing_call(leaves: list, plan: _plan.Plan, step: Any, comm_id: int) -> Call
 
 
 def _neighbor_allreduce_call(leaves: list, args: NeighborAllreduce) -> Call:
-    rank = runtime.rank()
+    rank = cast(int, runtime.rank())  # an MPI process's (only a simulated agent's is traced)
     plan = plan_for(args.graph, rank, args.local_view, args.what)
     if args.check_topology:
         _plan.check_matching(plan, runtime.communicator(), rank, args.what)
@@ -523,7 +525,8 @@ class _InOrder:
         outs = []
         for leaf, blocks in zip(kept, got):
             mine = leaf.reshape(leaf.shape or (1,))
-            split = blocks.reshape((len(self.recv), *mine.shape)) if self.recv else None
+            # None when nothing came: then every entry of the order is this rank.
+            split: Any = blocks.reshape((len(self.recv), *mine.shape)) if self.recv else None
             parts = [mine if j == self.rank else split[self.recv.index(j)] for j in self.order]
             outs.append(jnp.concatenate(parts, axis=0) if parts else
                         jnp.zeros((0, *mine.shape[1:]), leaf.dtype))
@@ -531,7 +534,10 @@ class _InOrder:
 
 
 def _neighbor_allgather_call(leaves: list, args: NeighborAllgather) -> Call:
-    rank, size, topology = runtime.rank(), runtime.size(), runtime.load_topology()
+    # An MPI process's: an int rank and a Topology (only a simulation's may
+    # be traced, or a Schedule).
+    rank, size = cast(int, runtime.rank()), runtime.size()
+    topology = cast(T.Topology, runtime.load_topology())
 
     def ranks(given: Any, default: list[int], label: str) -> tuple[int, ...]:
         if given is None:
@@ -586,9 +592,10 @@ NEIGHBOR_ALLGATHER = Op("neighbor_allgather", mpi=lambda leaves, treedef, args:
                         _neighbor_allgather_call(leaves, args))
 
 
-def neighbor_allgather(x: Any, *, src_ranks: Sequence[int] | None = None,
-                       dst_ranks: Sequence[int] | None = None,
-                       name: str | None = None) -> Any:
+def neighbor_allgather(
+        x: Any, *, src_ranks: Sequence[int] | np.ndarray | jax.Array | None = None,
+        dst_ranks: Sequence[int] | np.ndarray | jax.Array | None = None,
+        name: str | None = None) -> Any:
     """Concatenates the neighbours' values along axis 0.
 
     On rank i the result stacks ``x_j`` for j in ``src_ranks``, in that order:
@@ -620,9 +627,10 @@ def neighbor_allgather(x: Any, *, src_ranks: Sequence[int] | None = None,
     return _backends.apply(NEIGHBOR_ALLGATHER, x, args)
 
 
-def neighbor_allgather_nonblocking(x: Any, *, src_ranks: Sequence[int] | None = None,
-                                   dst_ranks: Sequence[int] | None = None,
-                                   name: str | None = None) -> Handle:
+def neighbor_allgather_nonblocking(
+        x: Any, *, src_ranks: Sequence[int] | np.ndarray | jax.Array | None = None,
+        dst_ranks: Sequence[int] | np.ndarray | jax.Array | None = None,
+        name: str | None = None) -> Handle:
     """Starts :func:`jaxfog.neighbor_allgather` (same arguments)."""
     args = _neighbor_allgather_args(src_ranks=src_ranks, dst_ranks=dst_ranks, name=name)
     return nonblocking.start(NEIGHBOR_ALLGATHER, x, args)

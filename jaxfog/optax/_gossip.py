@@ -234,7 +234,7 @@ class ErrorFeedbackState(NamedTuple):
     #: This agent's base key (raw uint32 words).
     key: jax.Array
     #: Number of ``update`` calls so far (an int32 scalar).
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
 
 def feedback(compressor: C.Compressor, groups: C.Groups, value: Tree,

@@ -43,7 +43,7 @@ class ChocoState(NamedTuple):
     #: This agent's base key (raw uint32 words).
     key: jax.Array
     #: Number of ``update`` calls so far (an int32 scalar).
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
 
 @mixes_parameters
@@ -148,7 +148,7 @@ class BeerState(NamedTuple):
     #: This agent's base key (raw uint32 words).
     key: jax.Array
     #: Number of ``update`` calls so far (an int32 scalar).
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
 
 @mixes_parameters

@@ -38,7 +38,7 @@ class DiffusionState(NamedTuple):
     inner: optax.OptState
     #: Number of ``update`` calls so far (an int32 scalar, 0 after ``init``): it
     #: picks the entry of a ``Schedule`` and the ``global_every`` steps.
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
 
 class DelayedDiffusionState(NamedTuple):
@@ -46,7 +46,7 @@ class DelayedDiffusionState(NamedTuple):
     :class:`DiffusionState`, and the ``d`` exchanges in flight."""
 
     inner: optax.OptState
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
     #: The exchanges in flight, oldest first: ``(handle, sent)`` pairs, each
     #: handle (:class:`jaxfog.Handle`) mixing what was sent.
     in_flight: Delayed

@@ -22,7 +22,7 @@ class TrackingState(NamedTuple):
     #: The gradient :math:`g^{k-1}` of the last step (zeros after ``init``).
     prev_grads: Tree
     #: Number of ``update`` calls so far (an int32 scalar); picks a ``Schedule``'s entry.
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
     #: The inner transformation's state when ``gradient_tracking`` was given one
     #: (``optax.EmptyState()`` with a learning rate).
     inner: optax.OptState = optax.EmptyState()
@@ -159,7 +159,7 @@ class ExactDiffusionState(NamedTuple):
     #: parameters after ``init``).
     psi: Tree
     #: Number of ``update`` calls so far (an int32 scalar); picks a ``Schedule``'s entry.
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
 
 @mixes_parameters

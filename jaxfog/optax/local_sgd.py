@@ -133,7 +133,7 @@ class LocalSGDState(NamedTuple):
     #: The inner transformation's state (local: never averaged).
     inner: optax.OptState
     #: Number of ``update`` calls so far (an int32 scalar, 0 after ``init``).
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
 
 @mixes_parameters
@@ -249,7 +249,7 @@ class DiLoCoState(NamedTuple):
     #: This agent's base key of the compressor (raw uint32 words).
     key: jax.Array
     #: Number of ``update`` calls so far (an int32 scalar).
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
 
 @mixes_parameters
@@ -436,7 +436,7 @@ class NoLoCoState(NamedTuple):
     #: :math:`\delta`, the outer momentum (zeros after ``init``).
     momentum: Tree
     #: Number of ``update`` calls so far (an int32 scalar).
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
 
 @mixes_parameters

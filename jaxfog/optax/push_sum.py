@@ -87,7 +87,7 @@ class PushSumState(NamedTuple):
     #: (float64 with ``jax_enable_x64``, else float32); 1 after ``init``.
     weight: jax.Array
     #: Number of ``update`` calls so far (an int32 scalar); picks a ``Schedule``'s entry.
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
 
 @mixes_parameters
@@ -329,7 +329,7 @@ class PushDigingState(NamedTuple):
     #: The gradient :math:`g^{k-1}` of the last step (zeros after ``init``).
     prev_grads: Tree
     #: Number of ``update`` calls so far (an int32 scalar); picks a ``Schedule``'s entry.
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
 
 @mixes_parameters

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -77,7 +77,7 @@ class StreamingDiLoCoState(NamedTuple):
     #: This agent's base key of the compressor (raw uint32 words).
     key: jax.Array
     #: Number of ``update`` calls so far (an int32 scalar).
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
 
 class StreamingDiLoCo(optax.GradientTransformationExtraArgs):
@@ -134,7 +134,8 @@ def _assignment(params: Tree, fragments: int, fragment_of: Any) -> tuple[tuple[i
     given = fragment_of(params) if callable(fragment_of) else fragment_of
     try:
         labels = jax.tree.leaves(given)
-        same = jax.tree.structure(given) == jax.tree.structure(params)
+        structure: Any = jax.tree.structure(given)  # jaxlib 0.10 gives no stubs for PyTreeDef
+        same = structure == jax.tree.structure(params)
     except Exception:  # noqa: BLE001 (any failure to read the tree is the same mistake)
         labels, same = [], False
     if not same or len(labels) != n:
@@ -146,7 +147,7 @@ def _assignment(params: Tree, fragments: int, fragment_of: Any) -> tuple[tuple[i
             raise TypeError(f"{_WHAT}: fragment_of must give Python ints (a leaf's "
                             f"fragment, fixed when the step is traced), got "
                             f"{type(label).__name__} {label!r} for leaf {i}")
-        if not 0 <= label < fragments:
+        if not 0 <= cast(int, label) < fragments:  # an Integral: typeshed's has no __ge__
             raise ValueError(f"{_WHAT}: fragment_of gave {label} for leaf {i}; fragments "
                              f"are numbered 0 to {fragments - 1}")
         out[int(label)].append(i)
@@ -210,8 +211,8 @@ class _Fragment(NamedTuple):
     residual: Any
 
 
-def _plan(s: _Settings, part: list) -> Any:
-    return G.layout(None, s.compressor, part, s.groups, neighbors=False).groups
+def _plan(compressor: C.Compressor, groups: Any, part: list) -> Any:
+    return G.layout(None, compressor, part, groups, neighbors=False).groups
 
 
 def _message(s: _Settings, delta: list, residual: Any, key: jax.Array, r: Any, p: int
@@ -220,7 +221,7 @@ def _message(s: _Settings, delta: list, residual: Any, key: jax.Array, r: Any, p
     with error feedback (key of sync number ``r`` of fragment ``p``)."""
     if s.compressor is None:
         return delta, residual
-    q = [d + e for d, e in zip(C.merge(delta, _plan(s, delta)), residual)]
+    q = [d + e for d, e in zip(C.merge(delta, _plan(s.compressor, s.groups, delta)), residual)]
     payloads = C.compress_groups(s.compressor, q, G.step_key(key, r * s.fragments + p))
     return payloads, [a - s.compressor.decompress(b) for a, b in zip(q, payloads)]
 
@@ -243,7 +244,7 @@ def _mean(s: _Settings, received: Any, message: Any, like: list) -> list:
         return received
     parts = [jax.vmap(s.compressor.decompress)(C.unstack(g, q)).mean(0)
              for g, q in zip(received, message)]
-    return C.split(parts, like, _plan(s, like))
+    return C.split(parts, like, _plan(s.compressor, s.groups, like))
 
 
 def _message_like(s: _Settings, part: list, residual: Any) -> Any:
@@ -351,9 +352,10 @@ def _all_fragments(s: _Settings, theta: Tree, state: StreamingDiLoCoState, *,
 def _init(s: _Settings, params: Tree) -> StreamingDiLoCoState:
     leaves = jax.tree.leaves(params)
     parts = [_take(leaves, f) for f in _assignment(params, s.fragments, s.fragment_of)]
-    residual = ()
+    residual: tuple[list[jax.Array], ...] = ()
     if s.compressor is not None:
-        residual = tuple([jnp.zeros_like(g) for g in C.merge(part, _plan(s, part))]
+        residual = tuple([jnp.zeros_like(g)
+                          for g in C.merge(part, _plan(s.compressor, s.groups, part))]
                          for part in parts)
     handles = ()
     if s.delay:

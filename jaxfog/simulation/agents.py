@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -94,6 +94,7 @@ class Delays(NamedTuple):
             except (TypeError, ValueError):
                 raise TypeError(f"{what}: {label} must be a number or an array of numbers, "
                                 f"got {type(value).__name__} {value!r}") from None
+        compute: np.ndarray | None  # None below: not n numbers
         compute, message = arrays["compute"], arrays["message"]
         compute = np.broadcast_to(compute, (n,)).copy() if (
             compute.ndim in (0, 1) and compute.size in (1, n)) else None
@@ -424,7 +425,8 @@ class Agents:
         """True in the process that should print (rank 0, or the simulation)."""
         if self.mesh is not None:
             return jax.process_index() == 0
-        return self.simulated or runtime.rank() == 0
+        # Not simulated: an MPI process's rank, an int.
+        return self.simulated or cast(int, runtime.rank()) == 0
 
     def data(self, make: Callable[[int], Any]) -> Any:
         """``make(rank)`` for this process's agent, or stacked over all agents.
@@ -433,7 +435,8 @@ class Agents:
         comes back as a tuple of arrays, each stacked over the agents when
         simulated)."""
         if not self.simulated:
-            return jax.tree.map(jnp.asarray, make(runtime.rank()))
+            # An MPI process's rank: an int.
+            return jax.tree.map(jnp.asarray, make(cast(int, runtime.rank())))
         if self.mesh is not None:
             return agents_mesh.global_array(self.mesh, self._axis, make, self.size)
         values = [make(r) for r in range(self.size)]
@@ -445,9 +448,9 @@ class Agents:
         agents (simulation)."""
         if not self.simulated:
             return jit(fn)
+        axis: dict[str, Any] = {} if self.mesh is None else {"axis_name": self._axis}
         return jax.jit(simulate(fn, self.topology, local_size=self.local_size,
-                                in_axes=in_axes, out_axes=out_axes, mesh=self.mesh,
-                                **({} if self.mesh is None else {"axis_name": self._axis})))
+                                in_axes=in_axes, out_axes=out_axes, mesh=self.mesh, **axis))
 
     def gather(self, value: Any) -> Any:
         """Every agent's value of a per-agent array (or pytree), stacked along a

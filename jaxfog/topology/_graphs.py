@@ -184,6 +184,11 @@ class Topology:
     """
 
     __slots__ = ("_weights", "_bytes", "_name", "_hash")
+    # The slots' types (set once, in _init, through object.__setattr__).
+    _weights: np.ndarray
+    _bytes: bytes
+    _name: str
+    _hash: int
 
     def __init__(self, weights: Any, *, name: Optional[str] = None,
                  check_connected: bool = True) -> None:

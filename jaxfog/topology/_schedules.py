@@ -76,6 +76,11 @@ class Schedule:
     """
 
     __slots__ = ("_topologies", "_name", "_stacked", "_hash")
+    # The slots' types (set once, in __init__, through object.__setattr__).
+    _topologies: tuple[Topology, ...]
+    _name: str
+    _stacked: np.ndarray
+    _hash: int
 
     def __init__(self, topologies: Iterable[Topology], name: Optional[str] = None) -> None:
         what = "jaxfog.topology.Schedule"
@@ -236,7 +241,8 @@ def one_peer(topology: Topology, *, max_period: int = 4096) -> Schedule:
     if max_period < 1:
         raise ValueError(f"{what}: max_period must be >= 1, got {max_period}")
     n = topology.size
-    outs = [sorted(topology.out_neighbors(r), key=lambda d, r=r: (d - r) % n)
+    # sorted() calls the key during the iteration of its r.
+    outs = [sorted(topology.out_neighbors(r), key=lambda d: (d - r) % n)
             for r in range(n)]
     period = _lcm(len(o) for o in outs if o)
     if period > max_period:

@@ -14,13 +14,14 @@ import contextlib
 import ctypes
 import dataclasses
 import itertools
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxfog import _interrupt, ffi, runtime
+from jaxfog import topology as T
 from jaxfog.errors import JaxfogError
 from jaxfog.ops import _args, _jax_compat, _plan, _primitive_machinery
 from jaxfog.ops import _backend_primitives as P
@@ -56,6 +57,17 @@ _windows: dict[str, _Window] = {}
 _ids = itertools.count(1)
 
 
+def _rank() -> int:
+    """This process's rank: an int (only a simulated agent's is traced)."""
+    return cast(int, runtime.rank())
+
+
+def _topology() -> T.Topology:
+    """The global topology: a Topology on MPI processes (only a simulation's
+    may be a Schedule)."""
+    return cast(T.Topology, runtime.load_topology())
+
+
 def _offsets(avals) -> tuple[int, ...]:
     offsets, at = [], 0
     for shape, dtype in avals:
@@ -89,7 +101,7 @@ def win_create(leaves: list, treedef: Any, args: _args.WinCreate) -> bool:
     what = args.what
     if args.name in _windows:
         raise ValueError(f"{what}: window {args.name!r} exists already (win_free it first)")
-    rank, size, topology = runtime.rank(), runtime.size(), runtime.load_topology()
+    rank, size, topology = _rank(), runtime.size(), _topology()
     sources = (tuple(topology.in_neighbors(rank)) if args.src_ranks is None
                else tuple(r for r in args.src_ranks if r != rank or args.self_slot))
     comm = runtime.communicator()
@@ -205,7 +217,7 @@ def win_put(leaves: list, treedef: Any, args: _args.WinPut) -> list:
 def win_put_call(leaves: list, treedef: Any, args: _args.WinPut) -> Call:
     window = lookup(args.name, args.what)
     window.spec.check_value(treedef, leaves, args.what)
-    rank, topology = runtime.rank(), runtime.load_topology()
+    rank, topology = _rank(), _topology()
     out_neighbors = np.zeros(runtime.size())
     out_neighbors[list(topology.out_neighbors(rank))] = 1.0
     dsts = _named(args.dst, out_neighbors, args.what, "dst_weights")
@@ -232,7 +244,7 @@ def win_put_call(leaves: list, treedef: Any, args: _args.WinPut) -> Call:
 
 def _sources(window: _Window, peers: _args.Peers | None, default: np.ndarray,
              what: str) -> dict[int, float]:
-    rank = runtime.rank()
+    rank = _rank()
     srcs = _named(peers, default, what, "src_weights")
     unknown = sorted(set(srcs) - set(np.flatnonzero(window.spec.sources[rank])))
     if unknown:
@@ -248,7 +260,7 @@ def win_get(args: _args.WinGet) -> bool:
 
 def win_get_call(args: _args.WinGet) -> Call:
     window = lookup(args.name, args.what)
-    rank = runtime.rank()
+    rank = _rank()
     srcs = _sources(window, args.src, window.spec.sources[rank].astype(float), args.what)
     ranks = tuple(sorted(srcs))
     return Call(P.win_get_p, [],
@@ -262,7 +274,7 @@ def win_get_call(args: _args.WinGet) -> Call:
 def win_update(leaves: list, treedef: Any, args: _args.WinUpdate) -> list:
     window = lookup(args.name, args.what)
     window.spec.check_value(treedef, leaves, args.what)
-    rank = runtime.rank()
+    rank = _rank()
     default = (window.spec.sources[rank].astype(float) if args.collect
                else window.spec.src_weights[rank])
     srcs = _sources(window, args.src, default, args.what)
@@ -279,7 +291,7 @@ def _state(window: _Window) -> tuple[dict[int, Any], Any]:
     """This rank's versions by source, and its push-sum weight: Python numbers
     read after the dispatched ops eagerly; under a trace, the ``win_state``
     op's results, in program order with the other ops."""
-    rank = runtime.rank()
+    rank = _rank()
     sources = sorted((int(j) for j in np.flatnonzero(window.spec.sources[rank])),
                      key=lambda j: window.region[rank, j])
     if _jax_compat.at_top_level():
@@ -307,9 +319,9 @@ def win_weight(name: str) -> Any:
 @contextlib.contextmanager
 def win_mutex(name: str, ranks: Any) -> Iterator[None]:
     window = lookup(name, "win_mutex")
-    rank, size = runtime.rank(), runtime.size()
+    rank, size = _rank(), runtime.size()
     if ranks is None:
-        ranks = runtime.load_topology().out_neighbors(rank)
+        ranks = _topology().out_neighbors(rank)
     ranks = list(ranks)
     for r in ranks:
         if isinstance(r, (bool, np.bool_)) or not isinstance(r, (int, np.integer)) or not (
@@ -362,7 +374,7 @@ def _accumulate_values(x: Any, name: str, dst: dict[int, float], require_mutex: 
 def value_create(leaves: list, treedef: Any, name: str, peers: np.ndarray) -> None:
     """Window ``name`` holding this rank's model, with a slot for each peer
     (``peers[rank]``) and for itself (read under its own mutex)."""
-    r = runtime.rank()
+    r = _rank()
     args = _args.win_create(name=name, zero_init=False, with_weight=False,
                             src_ranks=[*np.flatnonzero(peers[r]), r])
     win_create(leaves, treedef, args._replace(self_slot=True))
@@ -374,12 +386,12 @@ def value_create(leaves: list, treedef: Any, name: str, peers: np.ndarray) -> No
 
 def _pieces(name: str, zeros: Any) -> dict[str, Any]:
     def read():
-        r = runtime.rank()
+        r = _rank()
         _get_own(name, {r: 1.0})
         return _combine(zeros(), name, 0.0, {r: 1.0})
 
     def average(j):
-        r = runtime.rank()
+        r = _rank()
         _get_own(name, {r: 1.0, j: 1.0})
         mine = _combine(zeros(), name, 0.0, {r: 1.0})
         mean = _combine(mine, name, 0.5, {j: 0.5})
@@ -387,7 +399,7 @@ def _pieces(name: str, zeros: Any) -> dict[str, Any]:
         return mean
 
     return {"read": jit(read), "average": jit(average, static_argnums=0),
-            "add": jit(lambda u: _accumulate_values(u, name, {runtime.rank(): 1.0}, True)),
+            "add": jit(lambda u: _accumulate_values(u, name, {_rank(): 1.0}, True)),
             "zeros": zeros}
 
 
@@ -397,7 +409,7 @@ def _value(name: str) -> dict[str, Any]:
 
 
 def value_read(name: str) -> Any:
-    with win_mutex(name, [runtime.rank()]):
+    with win_mutex(name, [_rank()]):
         return _value(name)["pieces"]["read"]()
 
 
@@ -411,7 +423,7 @@ def value_pair_average(name: str, peer: Any) -> None:
                         "average must know it (it takes both ranks' mutexes); step "
                         "outside jax.jit")
     j = int(peer)
-    with win_mutex(name, [runtime.rank(), j]):
+    with win_mutex(name, [_rank(), j]):
         _value(name)["pieces"]["average"](j)
 
 
@@ -422,7 +434,7 @@ def value_compile(name: str) -> None:
     pieces["add"].lower(pieces["zeros"]()).compile()
     for j in value["peers"]:  # every peer
         pieces["average"].lower(j).compile()
-    with win_mutex(name, [runtime.rank()]):  # and the mutex's own small computations
+    with win_mutex(name, [_rank()]):  # and the mutex's own small computations
         pass
 
 
