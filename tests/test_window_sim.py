@@ -128,3 +128,21 @@ def test_a_window_created_under_jit_serves_later_jitted_calls():
     jf.simulate(lambda x: jnp.asarray(W.win_free("k")), topo)(jnp.asarray(X))
     with pytest.raises(ValueError, match="no window named 'k'"):
         update(jnp.asarray(X) + 1)  # a new trace (a new input) sees the window gone
+
+
+def test_a_window_over_a_schedule_reads_from_every_entry_in_neighbour():
+    """Without src_ranks, a window made under a Schedule has a slot for each
+    in-neighbour of any of its entries (win_create once raised AttributeError)."""
+    n, schedule = 4, T.one_peer_exponential(4)
+    X = np.random.default_rng(2).standard_normal((n, 3))
+
+    def agent(x):
+        W.win_create(x, "w", zero_init=True)
+        W.win_get("w")
+        out = W.win_update_then_collect(x, "w")
+        W.win_free("w")
+        return out
+
+    got = jax.jit(jf.simulate(agent, schedule))(jnp.asarray(X))
+    sources = np.any([_sources(t) for t in schedule], axis=0)
+    np.testing.assert_allclose(got, X + sources.astype(float) @ X, rtol=1e-12)

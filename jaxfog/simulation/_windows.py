@@ -174,10 +174,9 @@ def _sources_of(sim: _context.Simulation, src_ranks: tuple[int, ...] | None,
     elif src_ranks is not None:
         sources[:, list(src_ranks)] = True
     else:
-        # BUG (reported, not fixed here): a Schedule has no `entries` (its
-        # entries are `topologies`): this raises AttributeError.
-        graphs = (sim.topology.entries  # type: ignore[attr-defined]
-                  if isinstance(sim.topology, T.Schedule) else [sim.topology])
+        # Every entry's in-neighbours: the window outlives a step of the schedule.
+        graphs = (list(sim.topology) if isinstance(sim.topology, T.Schedule)
+                  else [sim.topology])
         for graph in graphs:
             sources |= graph.weights != 0
     np.fill_diagonal(sources, False)
