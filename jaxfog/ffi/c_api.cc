@@ -61,14 +61,16 @@ extern "C" {
 // Registers the communicator with Fortran handle `fortran_comm` (from
 // mpi4py's Comm.py2f(), portable across MPI ABIs) under `id`. Returns 0 on
 // success, otherwise writes the reason into `error`.
-__attribute__((visibility("default"))) int jaxfog_register_mpi_comm(
-    int64_t id, int fortran_comm, double timeout_seconds, int64_t max_message_bytes,
-    char* error, int error_length) {
+__attribute__((visibility("default"))) int jaxfog_register_mpi_comm(int64_t id, int fortran_comm,
+                                                                    double timeout_seconds,
+                                                                    int64_t max_message_bytes,
+                                                                    char* error, int error_length) {
   int initialized = 0;
   if (MPI_Initialized(&initialized) != MPI_SUCCESS || !initialized) {
-    CopyMessage("MPI is not initialized in the MPI library jaxfog's FFI library uses: "
-                "mpi4py and jaxfog loaded different MPI libraries",
-                error, error_length);
+    CopyMessage(
+        "MPI is not initialized in the MPI library jaxfog's FFI library uses: "
+        "mpi4py and jaxfog loaded different MPI libraries",
+        error, error_length);
     return 1;
   }
   MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm));
@@ -81,9 +83,9 @@ __attribute__((visibility("default"))) int jaxfog_register_mpi_comm(
                 error_length);
     return 1;
   }
-  auto transport = jaxfog::MpiTransport::Create(comm, timeout_seconds,
-                                                static_cast<size_t>(max_message_bytes),
-                                                jaxfog::PeerWatch::Current(), id);
+  auto transport =
+      jaxfog::MpiTransport::Create(comm, timeout_seconds, static_cast<size_t>(max_message_bytes),
+                                   jaxfog::PeerWatch::Current(), id);
   if (transport.has_error()) {
     CopyMessage(transport.error().message(), error, error_length);
     return 1;
@@ -120,8 +122,8 @@ __attribute__((visibility("default"))) int jaxfog_release_comm(int64_t id) {
 // or null `path_template` stops it. Returns 0, or 1 with the reason in
 // `error` when the file cannot be written (the timeline is then off).
 __attribute__((visibility("default"))) int jaxfog_timeline_start(const char* path_template,
-                                                                   int rank, char* error,
-                                                                   int error_length) {
+                                                                 int rank, char* error,
+                                                                 int error_length) {
   std::string message;
   if (jaxfog::timeline::Start(path_template ? path_template : "", rank, &message)) return 0;
   CopyMessage(message, error, error_length);
@@ -146,8 +148,8 @@ __attribute__((visibility("default"))) int jaxfog_timeline_flush() {
 __attribute__((visibility("default"))) int jaxfog_keep_freed_memory(int64_t keep_bytes) {
 #if defined(__GLIBC__)
   const bool ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 &&
-                  mallopt(M_TRIM_THRESHOLD, static_cast<int>(std::min<int64_t>(
-                                                keep_bytes, int64_t{1} << 30))) == 1;
+                  mallopt(M_TRIM_THRESHOLD,
+                          static_cast<int>(std::min<int64_t>(keep_bytes, int64_t{1} << 30))) == 1;
   return ok ? 0 : 1;
 #else
   (void)keep_bytes;
@@ -176,8 +178,7 @@ __attribute__((visibility("default"))) void jaxfog_set_staging_keep_bytes(int64_
 }
 
 // The MPI library version string of the MPI this library is linked against.
-__attribute__((visibility("default"))) int jaxfog_mpi_library_version(char* buffer,
-                                                                        int length) {
+__attribute__((visibility("default"))) int jaxfog_mpi_library_version(char* buffer, int length) {
   char version[MPI_MAX_LIBRARY_VERSION_STRING];
   int used = 0;
   if (MPI_Get_library_version(version, &used) != MPI_SUCCESS) return 1;
@@ -197,9 +198,7 @@ __attribute__((visibility("default"))) int jaxfog_mpi_query_thread() {
 }
 
 // JSON describing how the library was built (MPI wrapper, CUDA/NCCL).
-__attribute__((visibility("default"))) const char* jaxfog_build_info() {
-  return JAXFOG_BUILD_INFO;
-}
+__attribute__((visibility("default"))) const char* jaxfog_build_info() { return JAXFOG_BUILD_INFO; }
 
 // JSON naming the file that defines, for this library, a function of each
 // runtime it links: libstdc++, libmpi and (when built) the CUDA runtime. A
@@ -217,8 +216,8 @@ __attribute__((visibility("default"))) const char* jaxfog_link_info() {
       }
       return escaped;
     };
-    std::string text = "{\"libstdc++\": \"" +
-                       file_of(reinterpret_cast<void*>(&std::terminate)) + "\", \"libmpi\": \"" +
+    std::string text = "{\"libstdc++\": \"" + file_of(reinterpret_cast<void*>(&std::terminate)) +
+                       "\", \"libmpi\": \"" +
                        file_of(reinterpret_cast<void*>(&MPI_Get_library_version)) + "\"";
 #ifdef JAXFOG_WITH_CUDA
     text += ", \"cudart\": \"" + file_of(reinterpret_cast<void*>(&cudaGetDeviceCount)) + "\"";
@@ -231,8 +230,7 @@ __attribute__((visibility("default"))) const char* jaxfog_link_info() {
 // The XLA FFI API version of the headers this library was compiled against
 // (jaxlib's): XLA refuses the handlers of a version it does not support, so
 // Python compares it with the running jaxlib's before registering them.
-__attribute__((visibility("default"))) void jaxfog_xla_ffi_api_version(int* major,
-                                                                       int* minor) {
+__attribute__((visibility("default"))) void jaxfog_xla_ffi_api_version(int* major, int* minor) {
   *major = XLA_FFI_API_MAJOR;
   *minor = XLA_FFI_API_MINOR;
 }
@@ -243,13 +241,12 @@ __attribute__((visibility("default"))) void jaxfog_xla_ffi_api_version(int* majo
 __attribute__((visibility("default"))) const char* jaxfog_op_table() {
   static const std::string* json = [] {
     std::string text;
-    auto add = [&text](const char* name, jaxfog::OpCode code, std::string nccl,
-                       std::string form) {
+    auto add = [&text](const char* name, jaxfog::OpCode code, std::string nccl, std::string form) {
       text += std::string(text.empty() ? "[" : ", ") + "{\"name\": \"" + name +
               "\", \"code\": " + std::to_string(static_cast<uint32_t>(code)) +
               ", \"target\": \"jaxfog_" + name + "\", \"nccl_target\": \"" +
-              (nccl.empty() ? "" : "jaxfog_nccl_" + nccl) + "\", \"nonblocking\": " +
-              (form == "nonblocking" ? "true" : "false") + "}";
+              (nccl.empty() ? "" : "jaxfog_nccl_" + nccl) +
+              "\", \"nonblocking\": " + (form == "nonblocking" ? "true" : "false") + "}";
     };
 #define JAXFOG_OP_JSON(name, Camel, code, label, nccl, form) \
   add(#name, jaxfog::OpCode::k##Camel, nccl, #form);
@@ -287,8 +284,7 @@ __attribute__((visibility("default"))) int jaxfog_drop_nccl_comm(int64_t id) {
 // The 16-byte UUID of CUDA device `ordinal` (as nvidia-smi shows it), so
 // that init can tell whether ranks share a GPU before NCCL is asked to.
 __attribute__((visibility("default"))) int jaxfog_cuda_device_uuid(int ordinal, char* uuid,
-                                                                   char* error,
-                                                                   int error_length) {
+                                                                   char* error, int error_length) {
 #ifdef JAXFOG_WITH_CUDA
   cudaDeviceProp properties;
   const ::xla::ffi::Error status =
@@ -319,8 +315,7 @@ __attribute__((visibility("default"))) int jaxfog_nccl_load(const char* path, in
 #ifdef JAXFOG_WITH_NCCL
   auto api = jaxfog::LoadNccl(path ? path : "");
   if (api.has_error()) return Fail(api.error().message(), error, error_length);
-  ::xla::ffi::Error status =
-      jaxfog::NcclError((*api)->GetVersion(version), "ncclGetVersion");
+  ::xla::ffi::Error status = jaxfog::NcclError((*api)->GetVersion(version), "ncclGetVersion");
   return status.success() ? 0 : Fail(status.message(), error, error_length);
 #else
   (void)path, (void)version;
@@ -353,10 +348,9 @@ __attribute__((visibility("default"))) int jaxfog_register_nccl_comm(
     int64_t id, int fortran_comm, double timeout_seconds, int64_t max_message_bytes,
     const char* unique_id, int device, char* error, int error_length) {
 #ifdef JAXFOG_WITH_NCCL
-  auto checks = jaxfog::MpiTransport::Create(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm)),
-                                             timeout_seconds,
-                                             static_cast<size_t>(max_message_bytes),
-                                             jaxfog::PeerWatch::Current(), id);
+  auto checks = jaxfog::MpiTransport::Create(
+      MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm)), timeout_seconds,
+      static_cast<size_t>(max_message_bytes), jaxfog::PeerWatch::Current(), id);
   if (checks.has_error()) return Fail(checks.error().message(), error, error_length);
   ncclUniqueId unique;
   std::memcpy(unique.internal, unique_id, NCCL_UNIQUE_ID_BYTES);
@@ -366,8 +360,8 @@ __attribute__((visibility("default"))) int jaxfog_register_nccl_comm(
   jaxfog::Registry<jaxfog::NcclTransport>::Global().Add(id, std::move(*transport));
   return 0;
 #else
-  (void)id, (void)fortran_comm, (void)timeout_seconds, (void)max_message_bytes,
-      (void)unique_id, (void)device;
+  (void)id, (void)fortran_comm, (void)timeout_seconds, (void)max_message_bytes, (void)unique_id,
+      (void)device;
   return Fail(kNcclNotBuilt, error, error_length);
 #endif
 }
@@ -420,9 +414,10 @@ int OnWindow(int64_t id, char* error, int error_length, Access access) {
 
 // Writes `bytes` (one region) into this rank's published region and, with
 // `fill_slots`, into every slot (otherwise the slots are zeroed).
-extern "C" __attribute__((visibility("default"))) int jaxfog_win_fill(
-    int64_t id, const void* data, int64_t bytes, int fill_slots, char* error,
-    int error_length) {
+extern "C" __attribute__((visibility("default"))) int jaxfog_win_fill(int64_t id, const void* data,
+                                                                      int64_t bytes, int fill_slots,
+                                                                      char* error,
+                                                                      int error_length) {
   return OnWindow(id, error, error_length, [&](jaxfog::Window* w) {
     if (static_cast<size_t>(bytes) != w->region_bytes()) {
       return xla::ffi::Error::InvalidArgument("win_fill: wrong size");
@@ -442,14 +437,15 @@ extern "C" __attribute__((visibility("default"))) int jaxfog_win_fill(
 }
 
 // This rank's version counters (one per slot) and push-sum weight (0 without).
-extern "C" __attribute__((visibility("default"))) int jaxfog_win_query(
-    int64_t id, int64_t* versions, double* weight, char* error, int error_length) {
+extern "C" __attribute__((visibility("default"))) int jaxfog_win_query(int64_t id,
+                                                                       int64_t* versions,
+                                                                       double* weight, char* error,
+                                                                       int error_length) {
   return OnWindow(id, error, error_length, [&](jaxfog::Window* w) {
     JAXFOG_RETURN_IF_ERROR(w->ReadVersions(versions));
     return w->Local([&](char* base) {
-      *weight = w->has_weight()
-                    ? *reinterpret_cast<const double*>(base + w->layout().weight_offset)
-                    : 0.0;
+      *weight = w->has_weight() ? *reinterpret_cast<const double*>(base + w->layout().weight_offset)
+                                : 0.0;
       return xla::ffi::Error::Success();
     });
   });
@@ -457,8 +453,7 @@ extern "C" __attribute__((visibility("default"))) int jaxfog_win_query(
 
 // Takes (`acquire`) or gives back the mutexes of `ranks` on window `id`.
 extern "C" __attribute__((visibility("default"))) int jaxfog_win_mutex(
-    int64_t id, const int64_t* ranks, int64_t count, int acquire, char* error,
-    int error_length) {
+    int64_t id, const int64_t* ranks, int64_t count, int acquire, char* error, int error_length) {
   return OnWindow(id, error, error_length, [&](jaxfog::Window* w) {
     std::vector<int> peers(ranks, ranks + count);
     return acquire ? w->Acquire(std::move(peers)) : w->Release(std::move(peers));
@@ -478,8 +473,10 @@ extern "C" __attribute__((visibility("default"))) int jaxfog_win_free(int64_t id
 // communicators are registered: their waits use the watch. Long waits say
 // what they wait for after `warn_after_seconds` (0: never). Returns 0, or 1
 // with the reason in `error`.
-extern "C" __attribute__((visibility("default"))) int jaxfog_watch_peers(
-    int fortran_comm, double warn_after_seconds, char* error, int error_length) {
+extern "C" __attribute__((visibility("default"))) int jaxfog_watch_peers(int fortran_comm,
+                                                                         double warn_after_seconds,
+                                                                         char* error,
+                                                                         int error_length) {
   auto watch = jaxfog::PeerWatch::Create(MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm)),
                                          warn_after_seconds);
   if (watch.has_error()) return Fail(watch.error().message(), error, error_length);
@@ -497,8 +494,7 @@ extern "C" __attribute__((visibility("default"))) int jaxfog_catch_interrupts() 
 // Tells every other rank that this one is leaving (`at_exit`: at the exit of
 // its program), with the last op it ran on each communicator. Once every op
 // of this rank has finished. Returns 0, or 1 with the reason in `error`.
-extern "C" __attribute__((visibility("default"))) int jaxfog_say_goodbye(int at_exit,
-                                                                         char* error,
+extern "C" __attribute__((visibility("default"))) int jaxfog_say_goodbye(int at_exit, char* error,
                                                                          int error_length) {
   auto watch = jaxfog::PeerWatch::Current();
   if (!watch) return 0;
@@ -517,12 +513,11 @@ extern "C" __attribute__((visibility("default"))) int jaxfog_bound_exit(double s
   if (!jaxfog::CommFailed() || seconds <= 0) return 0;
   std::thread([seconds, status] {
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-    const std::string line =
-        "jaxfog: the exit (MPI_Finalize) still waits " + std::to_string(static_cast<int>(seconds)) +
-        " s after a failed op" +
-        (status == 0 ? ", and every survivor of the recovery had finished; "
-                     : " (JAXFOG_TIMEOUT): a peer is unreachable; ") +
-        "ending this process with status " + std::to_string(status) + "\n";
+    const std::string line = "jaxfog: the exit (MPI_Finalize) still waits " +
+                             std::to_string(static_cast<int>(seconds)) + " s after a failed op" +
+                             (status == 0 ? ", and every survivor of the recovery had finished; "
+                                          : " (JAXFOG_TIMEOUT): a peer is unreachable; ") +
+                             "ending this process with status " + std::to_string(status) + "\n";
     std::fputs(line.c_str(), stderr);
     std::fflush(stderr);
     std::_Exit(status);

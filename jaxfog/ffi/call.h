@@ -32,18 +32,17 @@ struct Leaf {
 };
 
 inline ffi::ErrorOr<std::vector<Leaf>> Inputs(Staging* staging, ffi::RemainingArgs args,
-                                               const char* op) {
+                                              const char* op) {
   std::vector<Leaf> leaves;
   std::vector<ConstPiece> pieces;
   for (size_t i = 0; i < args.size(); ++i) {
     JAXFOG_ASSIGN_OR_RETURN(buffer, args.get<ffi::AnyBuffer>(i));
     if (!IsSupported(buffer.element_type())) {
       return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument(
-          std::string("jaxfog ") + op + ": unsupported dtype " +
-          DTypeName(buffer.element_type())));
+          std::string("jaxfog ") + op + ": unsupported dtype " + DTypeName(buffer.element_type())));
     }
-    leaves.push_back({buffer.element_type(), buffer.element_count(), buffer.size_bytes(),
-                      nullptr, nullptr});
+    leaves.push_back(
+        {buffer.element_type(), buffer.element_count(), buffer.size_bytes(), nullptr, nullptr});
     pieces.push_back({buffer.untyped_data(), buffer.size_bytes()});
   }
   JAXFOG_RETURN_IF_ERROR_OR(StageInputs(staging, &pieces));
@@ -111,8 +110,7 @@ inline OpInfo Info(OpCode op, int64_t signature, std::string_view layout) {
 
 template <typename Binding>
 auto Peers(Binding binding) {
-  return std::move(binding).template Attr<I64s>("send_ranks").template Attr<I64s>(
-      "recv_ranks");
+  return std::move(binding).template Attr<I64s>("send_ranks").template Attr<I64s>("recv_ranks");
 }
 
 // (Bindings cannot be moved: take them by reference.)

@@ -36,10 +36,10 @@ struct Property {
 ffi::ErrorOr<Job> BarrierJob(Staging*, int64_t comm_id, ffi::Token, ffi::Result<ffi::Token>) {
   JAXFOG_ASSIGN_OR_RETURN(transport, LookupTransport(comm_id));
   return Job{OpCode::kBarrier, 0, [transport, comm_id] {
-    timeline::Span span(OpName(OpCode::kBarrier), timeline::Span::kOp);
-    if (span) span.args().comm = comm_id;  // not sequenced: no headers, no seq
-    return transport->Barrier();
-  }};
+               timeline::Span span(OpName(OpCode::kBarrier), timeline::Span::kOp);
+               if (span) span.args().comm = comm_id;  // not sequenced: no headers, no seq
+               return transport->Barrier();
+             }};
 }
 
 // Packs leaves into `base` at `offsets` (when a pytree must be one message).
@@ -73,9 +73,9 @@ void DoublesToIntegers(const double* from, double scale, const std::vector<size_
 
 // The mean of integer leaves, summed in float64 like every integer average:
 // an int32 sum over the ranks need not fit in int32.
-ffi::Error IntegerMean(Transport* transport, const OpInfo& info, double scale,
-                       ffi::DataType type, const std::vector<size_t>& members,
-                       const std::vector<Leaf>& in, const std::vector<Leaf>& out) {
+ffi::Error IntegerMean(Transport* transport, const OpInfo& info, double scale, ffi::DataType type,
+                       const std::vector<size_t>& members, const std::vector<Leaf>& in,
+                       const std::vector<Leaf>& out) {
   size_t count = 0;
   for (size_t l : members) count += in[l].count;
   ScratchPool::Lease values = ScratchPool::Global().Acquire(count * sizeof(double));
@@ -136,8 +136,7 @@ ffi::Error Allreduce(Transport* transport, const OpInfo& info, bool mean,
       at += in[l].bytes;
     }
     ScratchPool::Lease summed = ScratchPool::Global().Acquire(count * width);
-    JAXFOG_RETURN_IF_ERROR(
-        transport->Allreduce(info, packed.data(), summed.data(), count, type));
+    JAXFOG_RETURN_IF_ERROR(transport->Allreduce(info, packed.data(), summed.data(), count, type));
     at = 0;
     for (size_t l : members) {
       if (!mean) {  // a copy: int64 sums stay exact
@@ -158,10 +157,9 @@ ffi::ErrorOr<Job> AllreduceJob(Staging* staging, int64_t comm_id, int64_t signat
                                ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(call, Decode(staging, comm_id, args, rets, OpCode::kAllreduce));
   const OpInfo info = Info(OpCode::kAllreduce, signature, layout);
-  return TracedJob(OpCode::kAllreduce, comm_id, call.transport, signature, TotalBytes(call.in),
-                   [=](timeline::OpArgs*) {
-                     return Allreduce(call.transport, info, mean, call.in, call.out);
-                   });
+  return TracedJob(
+      OpCode::kAllreduce, comm_id, call.transport, signature, TotalBytes(call.in),
+      [=](timeline::OpArgs*) { return Allreduce(call.transport, info, mean, call.in, call.out); });
 }
 
 // Every rank gets root's value (one message for the whole pytree). The root
@@ -234,10 +232,9 @@ ffi::ErrorOr<Job> AllgatherJob(Staging* staging, int64_t comm_id, int64_t signat
                                ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(call, Decode(staging, comm_id, args, rets, OpCode::kAllgather));
   const OpInfo info = Info(OpCode::kAllgather, signature, layout);
-  return TracedJob(OpCode::kAllgather, comm_id, call.transport, signature, TotalBytes(call.in),
-                   [=](timeline::OpArgs*) {
-                     return Allgather(call.transport, info, call.in, call.out);
-                   });
+  return TracedJob(
+      OpCode::kAllgather, comm_id, call.transport, signature, TotalBytes(call.in),
+      [=](timeline::OpArgs*) { return Allgather(call.transport, info, call.in, call.out); });
 }
 
 }  // namespace

@@ -93,9 +93,9 @@ ffi::Future CommThread::Enqueue(const char* op, Work work) {
     if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
     queue_.push_back({op, std::move(work), std::move(promise), queued_at});
   } catch (const std::exception& e) {  // std::bad_alloc, std::system_error
-    return Done(ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                           std::string("jaxfog ") + op +
-                               ": cannot hand it to the communication thread: " + e.what()));
+    return Done(ffi::Error(
+        ffi::ErrorCode::kResourceExhausted,
+        std::string("jaxfog ") + op + ": cannot hand it to the communication thread: " + e.what()));
   }
   wake_.notify_one();
   return future;

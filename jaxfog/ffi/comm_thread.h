@@ -96,7 +96,7 @@ class CommThread {
   std::deque<Item> queue_;
   bool busy_ = false;        // work is running (here or inline on a caller)
   bool completing_ = false;  // the thread is completing a future (see Loop)
-  std::thread thread_;  // started on first use; never joined (lives until exit)
+  std::thread thread_;       // started on first use; never joined (lives until exit)
 };
 
 // The error that the exception being handled becomes for `where` (call it in

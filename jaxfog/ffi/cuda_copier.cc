@@ -15,9 +15,8 @@ namespace {
 ScratchPool::Buffer AllocatePinned(size_t bytes) {
   void* data = nullptr;
   if (cudaHostAlloc(&data, bytes, cudaHostAllocPortable) == cudaSuccess) {
-    return ScratchPool::Buffer(static_cast<char*>(data), ScratchPool::Free{[](char* pinned) {
-                                 cudaFreeHost(pinned);
-                               }});
+    return ScratchPool::Buffer(static_cast<char*>(data),
+                               ScratchPool::Free{[](char* pinned) { cudaFreeHost(pinned); }});
   }
   cudaGetLastError();  // the failure is handled: do not leave it to the next call
   return ScratchPool::AlignedNew(bytes);

@@ -13,8 +13,8 @@ namespace jaxfog {
 inline ::xla::ffi::Error CudaError(cudaError_t code, const char* what) {
   if (code == cudaSuccess) return ::xla::ffi::Error::Success();
   return ::xla::ffi::Error(::xla::ffi::ErrorCode::kInternal,
-                           std::string("jaxfog: ") + what + " failed: " +
-                               cudaGetErrorName(code) + " (" + cudaGetErrorString(code) + ")");
+                           std::string("jaxfog: ") + what + " failed: " + cudaGetErrorName(code) +
+                               " (" + cudaGetErrorString(code) + ")");
 }
 
 }  // namespace jaxfog

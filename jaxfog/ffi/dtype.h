@@ -14,23 +14,39 @@ namespace ffi = ::xla::ffi;
 
 inline const char* DTypeName(ffi::DataType type) {
   switch (type) {
-    case ffi::DataType::F16: return "float16";
-    case ffi::DataType::BF16: return "bfloat16";
-    case ffi::DataType::F32: return "float32";
-    case ffi::DataType::F64: return "float64";
-    case ffi::DataType::C64: return "complex64";
-    case ffi::DataType::C128: return "complex128";
-    case ffi::DataType::S32: return "int32";
-    case ffi::DataType::S64: return "int64";
+    case ffi::DataType::F16:
+      return "float16";
+    case ffi::DataType::BF16:
+      return "bfloat16";
+    case ffi::DataType::F32:
+      return "float32";
+    case ffi::DataType::F64:
+      return "float64";
+    case ffi::DataType::C64:
+      return "complex64";
+    case ffi::DataType::C128:
+      return "complex128";
+    case ffi::DataType::S32:
+      return "int32";
+    case ffi::DataType::S64:
+      return "int64";
     // Moved, never averaged (compressed payloads: packed bits, indices, keys).
-    case ffi::DataType::PRED: return "bool";
-    case ffi::DataType::S8: return "int8";
-    case ffi::DataType::U8: return "uint8";
-    case ffi::DataType::S16: return "int16";
-    case ffi::DataType::U16: return "uint16";
-    case ffi::DataType::U32: return "uint32";
-    case ffi::DataType::U64: return "uint64";
-    default: return "unsupported";
+    case ffi::DataType::PRED:
+      return "bool";
+    case ffi::DataType::S8:
+      return "int8";
+    case ffi::DataType::U8:
+      return "uint8";
+    case ffi::DataType::S16:
+      return "int16";
+    case ffi::DataType::U16:
+      return "uint16";
+    case ffi::DataType::U32:
+      return "uint32";
+    case ffi::DataType::U64:
+      return "uint64";
+    default:
+      return "unsupported";
   }
 }
 

@@ -101,20 +101,21 @@ inline ffi::ErrorOr<Call> Decode(Staging* staging, int64_t comm_id, ffi::Remaini
 // span's args to add its own (peers, root) while the timeline records, and
 // null otherwise, so that off the span costs one flag check.
 template <typename Work>
-Job TracedJob(OpCode op, int64_t comm_id, Transport* transport, int64_t signature,
-              size_t bytes, Work work) {
+Job TracedJob(OpCode op, int64_t comm_id, Transport* transport, int64_t signature, size_t bytes,
+              Work work) {
   return Job{op, bytes, [op, comm_id, transport, signature, bytes, work = std::move(work)] {
-    timeline::Span span(OpName(op), timeline::Span::kOp);
-    timeline::OpArgs* trace = nullptr;
-    if (span) {
-      trace = &span.args();
-      trace->comm = comm_id;
-      trace->bytes = static_cast<int64_t>(bytes);
-      trace->seq = static_cast<int64_t>(transport->sequence() + 1);  // the op about to run
-      trace->signature = signature;
-    }
-    return work(trace);
-  }};
+               timeline::Span span(OpName(op), timeline::Span::kOp);
+               timeline::OpArgs* trace = nullptr;
+               if (span) {
+                 trace = &span.args();
+                 trace->comm = comm_id;
+                 trace->bytes = static_cast<int64_t>(bytes);
+                 trace->seq =
+                     static_cast<int64_t>(transport->sequence() + 1);  // the op about to run
+                 trace->signature = signature;
+               }
+               return work(trace);
+             }};
 }
 
 // The handler of each op in ops.h: a static Run(staging, args...), the op
@@ -231,21 +232,21 @@ XLA_FFI_Error* CallHandler(XLA_FFI_CallFrame* frame) {
 
 // Defines Exports<OpCode::k<Camel>> from Handler<OpCode::k<Camel>>, which must
 // be complete here (use it at namespace jaxfog scope, after the Handler).
-#define JAXFOG_DEFINE_EXPORTS(Camel)                                                    \
+#define JAXFOG_DEFINE_EXPORTS(Camel)                                                   \
   XLA_FFI_Error* Exports<OpCode::k##Camel>::Call(XLA_FFI_CallFrame* frame) {           \
-    return CallHandler<OpCode::k##Camel, Handler<OpCode::k##Camel>>(frame);             \
-  }                                                                                     \
+    return CallHandler<OpCode::k##Camel, Handler<OpCode::k##Camel>>(frame);            \
+  }                                                                                    \
   XLA_FFI_Error* Exports<OpCode::k##Camel>::CallStaged(XLA_FFI_CallFrame* frame) {     \
-    return CallHandler<OpCode::k##Camel, CudaStaged<OpCode::k##Camel>>(frame);          \
-  }                                                                                     \
+    return CallHandler<OpCode::k##Camel, CudaStaged<OpCode::k##Camel>>(frame);         \
+  }                                                                                    \
   XLA_FFI_Error* Exports<OpCode::k##Camel>::CallHostStaged(XLA_FFI_CallFrame* frame) { \
-    return CallHandler<OpCode::k##Camel, HostStaged<OpCode::k##Camel>>(frame);          \
+    return CallHandler<OpCode::k##Camel, HostStaged<OpCode::k##Camel>>(frame);         \
   }
 
 // Defines the start forms of Exports<OpCode::k<Camel>> (nonblocking.h), for an
 // op whose row in ops.h says `nonblocking`.
 #define JAXFOG_DEFINE_START_EXPORTS(Camel)                                              \
-  XLA_FFI_Error* Exports<OpCode::k##Camel>::CallStart(XLA_FFI_CallFrame* frame) {      \
+  XLA_FFI_Error* Exports<OpCode::k##Camel>::CallStart(XLA_FFI_CallFrame* frame) {       \
     return CallStartHandler<OpCode::k##Camel, Start<OpCode::k##Camel>>(frame);          \
   }                                                                                     \
   XLA_FFI_Error* Exports<OpCode::k##Camel>::CallStartStaged(XLA_FFI_CallFrame* frame) { \

@@ -14,7 +14,7 @@ namespace jaxfog {
 // The library is built with hidden visibility; export just these (and c_api.cc's).
 #pragma GCC visibility push(default)
 #define JAXFOG_START_EXPORTS_blocking(name, Camel)
-#define JAXFOG_START_EXPORTS_nonblocking(name, Camel)                                 \
+#define JAXFOG_START_EXPORTS_nonblocking(name, Camel)                                \
   extern "C" XLA_FFI_Error* jaxfog_##name##_start(XLA_FFI_CallFrame* frame) {        \
     return Exports<OpCode::k##Camel>::CallStart(frame);                              \
   }                                                                                  \

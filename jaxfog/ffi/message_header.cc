@@ -43,8 +43,7 @@ std::string Who(const std::vector<int>& ranks, int self, bool with_number) {
 // differ: the ranks outside the strict majority layout when there is one,
 // then each layout with its ranks, the odd ones first. `neighbours`: `seen`
 // is this rank's neighbours, not every rank.
-std::string LayoutMismatch(int self, std::vector<std::pair<int, Header>> seen,
-                           bool neighbours) {
+std::string LayoutMismatch(int self, std::vector<std::pair<int, Header>> seen, bool neighbours) {
   std::sort(seen.begin(), seen.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   struct Group {
@@ -113,8 +112,8 @@ Header MakeHeader(const OpInfo& info, uint64_t sequence, uint64_t bytes) {
 }
 
 ffi::Error CheckReceived(const OpInfo& info, uint64_t sequence, int self,
-                         const std::vector<RecvSpec>& recvs,
-                         const std::vector<Header>& received, const std::string& what) {
+                         const std::vector<RecvSpec>& recvs, const std::vector<Header>& received,
+                         const std::string& what) {
   bool layouts_differ = false;
   for (size_t i = 0; i < recvs.size(); ++i) {
     const Header& got = received[i];
@@ -123,12 +122,13 @@ ffi::Error CheckReceived(const OpInfo& info, uint64_t sequence, int self,
       problem = "sent a message that is not from a jaxfog op";
     } else if (got.op != static_cast<uint64_t>(info.op) || got.sequence != sequence) {
       problem = std::string("is in ") + OpName(static_cast<OpCode>(got.op)) + " (its op #" +
-                std::to_string(got.sequence) + "): ranks called different operations, or in "
+                std::to_string(got.sequence) +
+                "): ranks called different operations, or in "
                 "a different order";
     }
     if (!problem.empty()) {
-      return ffi::Error::InvalidArgument(what + ": rank " + std::to_string(recvs[i].peer) +
-                                         " " + problem);
+      return ffi::Error::InvalidArgument(what + ": rank " + std::to_string(recvs[i].peer) + " " +
+                                         problem);
     }
     layouts_differ |= got.bytes != TotalBytes(recvs[i].pieces) || got.signature != info.signature;
   }
@@ -138,13 +138,13 @@ ffi::Error CheckReceived(const OpInfo& info, uint64_t sequence, int self,
   std::vector<std::pair<int, Header>> seen;
   seen.emplace_back(self, MakeHeader(info, sequence, TotalBytes(recvs[0].pieces)));
   for (size_t i = 0; i < recvs.size(); ++i) seen.emplace_back(recvs[i].peer, received[i]);
-  return ffi::Error::InvalidArgument(what + ": " + LayoutMismatch(self, std::move(seen),
-                                                                  /*neighbours=*/true));
+  return ffi::Error::InvalidArgument(what + ": " +
+                                     LayoutMismatch(self, std::move(seen),
+                                                    /*neighbours=*/true));
 }
 
-ffi::Error Agree(MPI_Comm comm, int rank, int size, const WaitScope& scope,
-                 const OpInfo& info, uint64_t sequence, uint64_t bytes,
-                 const std::string& what) {
+ffi::Error Agree(MPI_Comm comm, int rank, int size, const WaitScope& scope, const OpInfo& info,
+                 uint64_t sequence, uint64_t bytes, const std::string& what) {
   timeline::Span span("agree");
   // One MAX-allreduce of (x, -x) gives every rank both max and min of x.
   constexpr int64_t kMask = INT64_MAX;
@@ -178,8 +178,9 @@ ffi::Error Agree(MPI_Comm comm, int rank, int size, const WaitScope& scope,
   JAXFOG_RETURN_IF_ERROR(gather.WaitAll(scope, what));
   std::vector<std::pair<int, Header>> seen;
   for (int r = 0; r < size; ++r) seen.emplace_back(r, headers[r]);
-  return ffi::Error::InvalidArgument(what + ": " + LayoutMismatch(rank, std::move(seen),
-                                                                 /*neighbours=*/false));
+  return ffi::Error::InvalidArgument(what + ": " +
+                                     LayoutMismatch(rank, std::move(seen),
+                                                    /*neighbours=*/false));
 }
 
 }  // namespace jaxfog

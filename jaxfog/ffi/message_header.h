@@ -39,16 +39,15 @@ Header MakeHeader(const OpInfo& info, uint64_t sequence, uint64_t bytes);
 // size), the error names the ranks that differ from the majority of the
 // headers, this rank's (`self`) included. Errors start with `what`.
 ffi::Error CheckReceived(const OpInfo& info, uint64_t sequence, int self,
-                         const std::vector<RecvSpec>& recvs,
-                         const std::vector<Header>& received, const std::string& what);
+                         const std::vector<RecvSpec>& recvs, const std::vector<Header>& received,
+                         const std::string& what);
 
 // The collectives' check: every rank of `comm` (this one `rank` of `size`)
 // is in op `info`, number `sequence`, with the same signature and `bytes`.
 // One allreduce decides, the same on every rank; only on other layouts an
 // allgather of the headers names who differs. Waits within `scope`.
-ffi::Error Agree(MPI_Comm comm, int rank, int size, const WaitScope& scope,
-                 const OpInfo& info, uint64_t sequence, uint64_t bytes,
-                 const std::string& what);
+ffi::Error Agree(MPI_Comm comm, int rank, int size, const WaitScope& scope, const OpInfo& info,
+                 uint64_t sequence, uint64_t bytes, const std::string& what);
 
 }  // namespace jaxfog
 

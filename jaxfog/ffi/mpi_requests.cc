@@ -38,10 +38,9 @@ std::string Departed(const WaitScope& scope, int comm_rank, int world_rank,
   }
   const char* failed = departure.after_failure ? ". An op of its had failed" : "";
   if (last == nullptr) return text + ", and this op waits for it" + failed;
-  text += last->sequence == 0
-              ? " before any op on this communicator"
-              : " after its op #" + std::to_string(last->sequence) + " (" + OpName(last->op) +
-                    ") on this communicator";
+  text += last->sequence == 0 ? " before any op on this communicator"
+                              : " after its op #" + std::to_string(last->sequence) + " (" +
+                                    OpName(last->op) + ") on this communicator";
   text += ", and this op waits for it";
   if (last->sequence < sequence) {
     text += departure.after_failure
@@ -76,9 +75,9 @@ ffi::Error CheckFailedPeers(const WaitScope& scope, const std::string& what,
     std::optional<std::string> why = scope.watch->Failed(scope.world_ranks[comm_rank]);
     if (!why) return ffi::Error::Success();
     NoteCommFailure();  // the exit is bounded: MPI_Finalize may wait for it
-    return ffi::Error(ffi::ErrorCode::kUnavailable,
-                      what + ": " + RankName(scope, comm_rank) + " has failed: " + *why +
-                          "; jaxfog posts nothing more to it");
+    return ffi::Error(ffi::ErrorCode::kUnavailable, what + ": " + RankName(scope, comm_rank) +
+                                                        " has failed: " + *why +
+                                                        "; jaxfog posts nothing more to it");
   };
   if (comm_ranks.empty()) {
     for (int r = 0; r < size; ++r) JAXFOG_RETURN_IF_ERROR(check(r));
@@ -100,8 +99,7 @@ RequestSet::~RequestSet() {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   int done = 0;
   while (!done && std::chrono::steady_clock::now() < deadline) {
-    MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
-                MPI_STATUSES_IGNORE);
+    MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE);
   }
   for (MPI_Request& request : requests_) {
     if (request != MPI_REQUEST_NULL) MPI_Request_free(&request);
@@ -153,10 +151,11 @@ ffi::Error RequestSet::CheckDepartures(const WaitScope& scope, const std::string
     const int world_rank = scope.world_ranks[comm_rank];
     std::optional<PeerWatch::Departure> gone = scope.watch->Gone(world_rank);
     if (!gone || now - std::max(gone->seen, start) < kGrace) return ffi::Error::Success();
-    return ffi::Error(ffi::ErrorCode::kUnavailable,
-                      what + ": " + Departed(scope, comm_rank, world_rank, *gone,
-                                             scope.sequence ? *scope.sequence : 0) +
-                          " (still waiting for " + Waiting() + ")");
+    return ffi::Error(
+        ffi::ErrorCode::kUnavailable,
+        what + ": " +
+            Departed(scope, comm_rank, world_rank, *gone, scope.sequence ? *scope.sequence : 0) +
+            " (still waiting for " + Waiting() + ")");
   };
   bool everyone = false;
   for (size_t i = 0; i < requests_.size(); ++i) {
@@ -235,9 +234,8 @@ ffi::Error RequestSet::WaitAll(const WaitScope& scope, const std::string& what,
   // finishes, so we know which finished when, and a timeout names only the
   // requests still pending.
   const int n = static_cast<int>(requests_.size());
-  int pending = static_cast<int>(
-      std::count_if(requests_.begin(), requests_.end(),
-                    [](MPI_Request r) { return r != MPI_REQUEST_NULL; }));
+  int pending = static_cast<int>(std::count_if(
+      requests_.begin(), requests_.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; }));
   int few[8];  // indices of finished requests; no allocation for the usual few
   std::vector<int> many(requests_.size() > 8 ? requests_.size() : 0);
   int* finished = many.empty() ? few : many.data();
@@ -264,8 +262,10 @@ ffi::Error RequestSet::WaitAll(const WaitScope& scope, const std::string& what,
     if ((polls & 63) != 63) continue;  // the clock and the rest, now and then
     if (endable.Interrupted()) return InterruptedError(what, Waiting());
     if (EndRequested()) {
-      EndNow(what + ": this process got SIGTERM (a launcher ending the job sends it) "
-             "while waiting for " + Waiting() + "; it ends now");
+      EndNow(what +
+             ": this process got SIGTERM (a launcher ending the job sends it) "
+             "while waiting for " +
+             Waiting() + "; it ends now");
     }
     const Clock::time_point now = Clock::now();
     const double waited = std::chrono::duration<double>(now - start).count();
@@ -307,11 +307,10 @@ ffi::Error RequestSet::WaitAll(const WaitScope& scope, const std::string& what,
       const double warn_after = scope.watch->warn_after_seconds();
       if (!warned && warn_after > 0 && waited > warn_after) {
         warned = true;  // once per wait: a stuck rank says where it is stuck
-        std::string rank = scope.world_ranks.empty() ||
-                                   scope.world_ranks[scope.rank] == scope.rank
-                               ? ""
-                               : " (world rank " + std::to_string(scope.world_ranks[scope.rank]) +
-                                     ")";
+        std::string rank =
+            scope.world_ranks.empty() || scope.world_ranks[scope.rank] == scope.rank
+                ? ""
+                : " (world rank " + std::to_string(scope.world_ranks[scope.rank]) + ")";
         const std::string line =
             what + rank + " is still waiting after " + Seconds(warn_after) +
             " s (JAXFOG_WARN_AFTER) for " + Waiting() + "; it fails " +

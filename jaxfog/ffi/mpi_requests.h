@@ -22,11 +22,11 @@ namespace ffi = ::xla::ffi;
 // What a wait needs besides its requests: its limit, and who the ranks of
 // its communicator are (to name them, and to check whether they have left).
 struct WaitScope {
-  double timeout_seconds = 0;   // JAXFOG_TIMEOUT; 0: forever
-  PeerWatch* watch = nullptr;   // null: no departure checks, no warning
-  std::vector<int> world_ranks;  // of each rank of the communicator (with a watch)
-  int64_t comm_id = 0;           // the runtime's id of the communicator
-  int rank = 0;                  // this rank in the communicator
+  double timeout_seconds = 0;          // JAXFOG_TIMEOUT; 0: forever
+  PeerWatch* watch = nullptr;          // null: no departure checks, no warning
+  std::vector<int> world_ranks;        // of each rank of the communicator (with a watch)
+  int64_t comm_id = 0;                 // the runtime's id of the communicator
+  int rank = 0;                        // this rank in the communicator
   const uint64_t* sequence = nullptr;  // the op number of the current op
 };
 
@@ -83,8 +83,7 @@ class RequestSet {
   // for the timeline). `finished(indices, count)`, when given, runs as
   // requests complete.
   ffi::Error WaitAll(const WaitScope& scope, const std::string& what,
-                     std::vector<int64_t>* done_at = nullptr,
-                     const Finished& finished = nullptr);
+                     std::vector<int64_t>* done_at = nullptr, const Finished& finished = nullptr);
 
  private:
   // Every rank this set's requests are for (kEveryone: every other rank).

@@ -27,23 +27,31 @@ inline std::string MpiErrorString(int code) {
 // Success, or an internal error naming the call and the MPI message.
 inline ffi::Error CheckMpi(int code, std::string_view context) {
   if (code == MPI_SUCCESS) return ffi::Error::Success();
-  return ffi::Error::Internal("jaxfog: " + std::string(context) + " failed: " +
-                              MpiErrorString(code));
+  return ffi::Error::Internal("jaxfog: " + std::string(context) +
+                              " failed: " + MpiErrorString(code));
 }
 
 // The MPI type of a dtype's elements; the 16-bit floats, which MPI has no
 // type for, travel as MPI_UINT16_T (reduced with jaxfog's own ops).
 inline MPI_Datatype MpiType(ffi::DataType type) {
   switch (type) {
-    case ffi::DataType::F32: return MPI_FLOAT;
-    case ffi::DataType::F64: return MPI_DOUBLE;
-    case ffi::DataType::C64: return MPI_C_FLOAT_COMPLEX;
-    case ffi::DataType::C128: return MPI_C_DOUBLE_COMPLEX;
-    case ffi::DataType::S32: return MPI_INT32_T;
-    case ffi::DataType::S64: return MPI_INT64_T;
+    case ffi::DataType::F32:
+      return MPI_FLOAT;
+    case ffi::DataType::F64:
+      return MPI_DOUBLE;
+    case ffi::DataType::C64:
+      return MPI_C_FLOAT_COMPLEX;
+    case ffi::DataType::C128:
+      return MPI_C_DOUBLE_COMPLEX;
+    case ffi::DataType::S32:
+      return MPI_INT32_T;
+    case ffi::DataType::S64:
+      return MPI_INT64_T;
     case ffi::DataType::F16:
-    case ffi::DataType::BF16: return MPI_UINT16_T;
-    default: return MPI_DATATYPE_NULL;
+    case ffi::DataType::BF16:
+      return MPI_UINT16_T;
+    default:
+      return MPI_DATATYPE_NULL;
   }
 }
 

@@ -116,7 +116,8 @@ int PostChunk(const std::vector<Run>& runs, bool send, int peer, MPI_Comm comm,
 // `done * chunk_bytes` bytes once its first `done` chunks completed (MPI
 // matches messages between two ranks in order, but may complete them in any).
 std::function<ffi::Error(const int*, int)> StreamArrivals(const Streaming& streaming,
-                                      const std::vector<size_t>& first, size_t chunk_bytes) {
+                                                          const std::vector<size_t>& first,
+                                                          size_t chunk_bytes) {
   const size_t receives = first.size() - 1;
   auto complete = std::make_shared<std::vector<bool>>(first.back(), false);
   auto prefix = std::make_shared<std::vector<size_t>>(receives, 0);
@@ -154,11 +155,13 @@ MpiTransport::MpiTransport(MPI_Comm comm, double timeout_seconds, size_t max_mes
   if (watch_) progress_ = watch_->Track(comm_id);
 }
 
-ffi::ErrorOr<std::unique_ptr<MpiTransport>> MpiTransport::Create(
-    MPI_Comm comm, double timeout_seconds, size_t max_message_bytes,
-    std::shared_ptr<PeerWatch> watch, int64_t comm_id) {
-  std::unique_ptr<MpiTransport> transport(new MpiTransport(
-      comm, timeout_seconds, max_message_bytes, std::move(watch), comm_id));
+ffi::ErrorOr<std::unique_ptr<MpiTransport>> MpiTransport::Create(MPI_Comm comm,
+                                                                 double timeout_seconds,
+                                                                 size_t max_message_bytes,
+                                                                 std::shared_ptr<PeerWatch> watch,
+                                                                 int64_t comm_id) {
+  std::unique_ptr<MpiTransport> transport(
+      new MpiTransport(comm, timeout_seconds, max_message_bytes, std::move(watch), comm_id));
   if (ffi::Error err = transport->Init(); !err.success()) {
     return ffi::Unexpected<ffi::Error>(std::move(err));
   }
@@ -174,8 +177,7 @@ ffi::Error MpiTransport::Init() {
     JAXFOG_ASSIGN_OR_FAIL(world_ranks, watch_->WorldRanks(comm_));
     scope_.world_ranks = std::move(world_ranks);
   }
-  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Op_create(&HalfSum, /*commute=*/1, &half_sum_),
-                             "MPI_Op_create");
+  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Op_create(&HalfSum, /*commute=*/1, &half_sum_), "MPI_Op_create");
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Op_create(&BFloat16Sum, /*commute=*/1, &bfloat16_sum_),
                              "MPI_Op_create");
   return ffi::Error::Success();
@@ -209,8 +211,7 @@ ffi::Error MpiTransport::Barrier() {
 }
 
 ffi::Error MpiTransport::Exchange(const OpInfo& info, const std::vector<SendSpec>& sends,
-                                  const std::vector<RecvSpec>& recvs,
-                                  const Streaming* streaming) {
+                                  const std::vector<RecvSpec>& recvs, const Streaming* streaming) {
   return Messages(info, sends, recvs, streaming, /*with_data=*/true);
 }
 
@@ -226,8 +227,8 @@ ffi::Error MpiTransport::CheckCollective(const OpInfo& info, uint64_t bytes) {
 }
 
 ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec>& sends,
-                                  const std::vector<RecvSpec>& recvs,
-                                  const Streaming* streaming, bool with_data) {
+                                  const std::vector<RecvSpec>& recvs, const Streaming* streaming,
+                                  bool with_data) {
   Begin(info.op);
   const std::string what = Describe(info);
   {
@@ -249,8 +250,8 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
   RequestSet data_requests;
   RequestSet header_requests;
   timeline::Span post("post");
-  const bool timed = static_cast<bool>(post);  // the one check for the whole exchange
-  std::vector<int> data_peers;                 // peer of each data request, when timed
+  const bool timed = static_cast<bool>(post);      // the one check for the whole exchange
+  std::vector<int> data_peers;                     // peer of each data request, when timed
   InsideMpi inside(what, scope_.timeout_seconds);  // a post that never returns
   // Receives first, so that eager sends find them posted.
   for (size_t i = 0; i < recvs.size(); ++i) {
@@ -280,9 +281,9 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
       MPI_Request* request = data_requests.Add(
           (send ? "the send to rank " : "data from rank ") + std::to_string(peer), peer);
       inside.Enter(send ? "MPI_Isend of data" : "MPI_Irecv of data", peer);
-      JAXFOG_RETURN_IF_MPI_ERROR(PostChunk(chunk, send, peer, comm_, request),
-                                 what + (send ? ": MPI_Isend to rank " : ": MPI_Irecv from rank ") +
-                                     std::to_string(peer));
+      JAXFOG_RETURN_IF_MPI_ERROR(
+          PostChunk(chunk, send, peer, comm_, request),
+          what + (send ? ": MPI_Isend to rank " : ": MPI_Irecv from rank ") + std::to_string(peer));
     }
     return ffi::Error::Success();
   };
@@ -299,8 +300,7 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
   std::vector<int64_t> header_done, data_done;
   // Headers first: a peer in another op, or with another shape, is named
   // before any data of the wrong size is waited for.
-  JAXFOG_RETURN_IF_ERROR(
-      header_requests.WaitAll(scope_, what, timed ? &header_done : nullptr));
+  JAXFOG_RETURN_IF_ERROR(header_requests.WaitAll(scope_, what, timed ? &header_done : nullptr));
   JAXFOG_RETURN_IF_ERROR(CheckReceived(info, sequence_, rank_, recvs, in_headers, what));
   JAXFOG_RETURN_IF_ERROR(data_requests.WaitAll(
       scope_, what, timed ? &data_done : nullptr,
@@ -325,8 +325,8 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
   for (const auto& [peer, at] : peer_done) timeline::Record("wait", peer, posted, at);
   return ffi::Error::Success();
 }
-ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out,
-                                   size_t count, ffi::DataType type) {
+ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
+                                   ffi::DataType type) {
   Begin(info.op);
   const std::string what = Describe(info);
   const MPI_Datatype mpi_type = MpiType(type);
@@ -335,11 +335,10 @@ ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out
   }
   const size_t width = ffi::ByteWidth(type);
   JAXFOG_RETURN_IF_ERROR(CheckFailedPeers(scope_, what));
-  JAXFOG_RETURN_IF_ERROR(
-      Agree(comm_, rank_, size_, scope_, info, sequence_, count * width, what));
+  JAXFOG_RETURN_IF_ERROR(Agree(comm_, rank_, size_, scope_, info, sequence_, count * width, what));
   // What a bandwidth-optimal (ring) allreduce sends per rank.
-  traffic::Add(info.op, 2 * (size_ - 1), static_cast<int64_t>(2 * (size_ - 1) * count * width /
-                                                              std::max(size_, 1)));
+  traffic::Add(info.op, 2 * (size_ - 1),
+               static_cast<int64_t>(2 * (size_ - 1) * count * width / std::max(size_, 1)));
   MPI_Op op = type == ffi::DataType::F16    ? half_sum_
               : type == ffi::DataType::BF16 ? bfloat16_sum_
                                             : MPI_SUM;
@@ -350,8 +349,8 @@ ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out
     const size_t n = std::min(per_call, count - start);
     JAXFOG_RETURN_IF_MPI_ERROR(
         MPI_Iallreduce(static_cast<const char*>(in) + start * width,
-                       static_cast<char*>(out) + start * width, static_cast<int>(n), mpi_type,
-                       op, comm_, requests.Add()),
+                       static_cast<char*>(out) + start * width, static_cast<int>(n), mpi_type, op,
+                       comm_, requests.Add()),
         what + ": MPI_Iallreduce");
   }
   return requests.WaitAll(scope_, what);
@@ -377,26 +376,26 @@ ffi::Error MpiTransport::Broadcast(const OpInfo& info, void* data, size_t bytes,
   return requests.WaitAll(scope_, what);
 }
 
-ffi::Error MpiTransport::Allgather(const OpInfo& info, const void* in, void* out,
-                                   size_t bytes) {
+ffi::Error MpiTransport::Allgather(const OpInfo& info, const void* in, void* out, size_t bytes) {
   Begin(info.op);
   const std::string what = Describe(info);
   JAXFOG_RETURN_IF_ERROR(CheckFailedPeers(scope_, what));
   JAXFOG_RETURN_IF_ERROR(Agree(comm_, rank_, size_, scope_, info, sequence_, bytes, what));
   if (bytes > max_message_bytes_) {
-    return ffi::Error::InvalidArgument(
-        what + ": " + std::to_string(bytes) + " bytes per rank is more than one MPI "
-        "message can carry here (" + std::to_string(max_message_bytes_) +
-        " bytes); gather a pytree of smaller leaves instead");
+    return ffi::Error::InvalidArgument(what + ": " + std::to_string(bytes) +
+                                       " bytes per rank is more than one MPI "
+                                       "message can carry here (" +
+                                       std::to_string(max_message_bytes_) +
+                                       " bytes); gather a pytree of smaller leaves instead");
   }
   // Every rank's block reaches every other rank.
   traffic::Add(info.op, size_ - 1, static_cast<int64_t>(size_ - 1) * static_cast<int64_t>(bytes));
   timeline::Span span("MPI_Iallgather");
   RequestSet requests("the other ranks");
-  JAXFOG_RETURN_IF_MPI_ERROR(MPI_Iallgather(in, static_cast<int>(bytes), MPI_BYTE, out,
-                                            static_cast<int>(bytes), MPI_BYTE, comm_,
-                                            requests.Add()),
-                             what + ": MPI_Iallgather");
+  JAXFOG_RETURN_IF_MPI_ERROR(
+      MPI_Iallgather(in, static_cast<int>(bytes), MPI_BYTE, out, static_cast<int>(bytes), MPI_BYTE,
+                     comm_, requests.Add()),
+      what + ": MPI_Iallgather");
   return requests.WaitAll(scope_, what);
 }
 

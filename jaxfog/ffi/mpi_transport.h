@@ -43,8 +43,7 @@ class MpiTransport final : public Transport {
                        ffi::DataType type) override;
   ffi::Error Broadcast(const OpInfo& info, void* data, size_t bytes, int root,
                        const std::function<void()>& meanwhile = nullptr) override;
-  ffi::Error Allgather(const OpInfo& info, const void* in, void* out,
-                       size_t bytes) override;
+  ffi::Error Allgather(const OpInfo& info, const void* in, void* out, size_t bytes) override;
 
   // The header checks alone, for ops whose data another channel moves (the
   // NCCL transport): each counts as this communicator's next op and fails,
@@ -73,7 +72,7 @@ class MpiTransport final : public Transport {
   int rank_ = 0;
   int size_ = 1;
   double timeout_seconds_;
-  std::shared_ptr<PeerWatch> watch_;     // keeps scope_.watch alive
+  std::shared_ptr<PeerWatch> watch_;         // keeps scope_.watch alive
   PeerWatch::Progress* progress_ = nullptr;  // owned by watch_
   WaitScope scope_;
   size_t max_message_bytes_;

@@ -16,8 +16,7 @@
 namespace jaxfog {
 
 ffi::ErrorOr<std::unique_ptr<MpiWindow>> MpiWindow::Create(MPI_Comm comm, WindowLayout layout,
-                                                           int64_t slots,
-                                                           double timeout_seconds) {
+                                                           int64_t slots, double timeout_seconds) {
   auto fail = [](int code, const char* call) {
     return ffi::Unexpected<ffi::Error>(CheckMpi(code, std::string("win_create: ") + call));
   };
@@ -40,8 +39,8 @@ ffi::ErrorOr<std::unique_ptr<MpiWindow>> MpiWindow::Create(MPI_Comm comm, Window
   }
   char* base = nullptr;
   MPI_Win data = MPI_WIN_NULL;
-  if (int code = MPI_Win_allocate(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL, comm, &base,
-                                  &data);
+  if (int code =
+          MPI_Win_allocate(static_cast<MPI_Aint>(bytes), 1, MPI_INFO_NULL, comm, &base, &data);
       code != MPI_SUCCESS) {
     return fail(code, "MPI_Win_allocate");
   }
@@ -82,20 +81,19 @@ ffi::ErrorOr<std::unique_ptr<MpiWindow>> MpiWindow::Create(MPI_Comm comm, Window
     }
     world_ranks = std::move(*ranks);
   }
-  return std::unique_ptr<MpiWindow>(new MpiWindow(std::move(layout), data, base, control,
-                                                  control_base, rank, std::move(peer_slots),
-                                                  timeout_seconds, std::move(watch),
-                                                  std::move(world_ranks)));
+  return std::unique_ptr<MpiWindow>(new MpiWindow(
+      std::move(layout), data, base, control, control_base, rank, std::move(peer_slots),
+      timeout_seconds, std::move(watch), std::move(world_ranks)));
 }
 
 // In MpiWindow's functions returning ffi::Error, with `inside` (InsideMpi)
 // and `what` in scope: `call` towards `peer` under the watchdog, and its
 // failure as an error naming the op (a peer MPI says died, named so).
-#define JAXFOG_WINDOW_CALL(peer, name, call)                                    \
-  do {                                                                          \
-    inside.Enter(name, peer);                                                   \
-    if (int jaxfog_code_ = (call); jaxfog_code_ != MPI_SUCCESS)                 \
-      return MpiFailure(jaxfog_code_, peer, what, name);                        \
+#define JAXFOG_WINDOW_CALL(peer, name, call)                    \
+  do {                                                          \
+    inside.Enter(name, peer);                                   \
+    if (int jaxfog_code_ = (call); jaxfog_code_ != MPI_SUCCESS) \
+      return MpiFailure(jaxfog_code_, peer, what, name);        \
   } while (false)
 
 std::string MpiWindow::Describe(const char* op, const char* towards, int peer) const {
@@ -118,13 +116,12 @@ ffi::Error MpiWindow::CheckPeer(int peer, const std::string& what) const {
   NoteCommFailure();  // the exit is bounded: MPI_Finalize may wait for it
   std::string rank = "rank " + std::to_string(peer);
   if (world_rank != peer) rank += " (world rank " + std::to_string(world_rank) + ")";
-  return ffi::Error(
-      ffi::ErrorCode::kUnavailable,
-      what + ": " + rank +
-          (gone->reason == PeerWatch::Reason::kShutdown
-               ? " has left: it called jaxfog.shutdown()"
-               : " has left: its program ended (jaxfog.shutdown at exit)") +
-          "; its window goes with it, so jaxfog accesses it no more");
+  return ffi::Error(ffi::ErrorCode::kUnavailable,
+                    what + ": " + rank +
+                        (gone->reason == PeerWatch::Reason::kShutdown
+                             ? " has left: it called jaxfog.shutdown()"
+                             : " has left: its program ended (jaxfog.shutdown at exit)") +
+                        "; its window goes with it, so jaxfog accesses it no more");
 }
 
 ffi::Error MpiWindow::MpiFailure(int code, int peer, const std::string& what,
@@ -135,8 +132,8 @@ ffi::Error MpiWindow::MpiFailure(int code, int peer, const std::string& what,
     NoteCommFailure();
     watch_->LearnFailures();
     if (ffi::Error failed = CheckFailedPeers(scope_, what, {peer}); !failed.success()) {
-      return ffi::Error(ffi::ErrorCode::kUnavailable, failed.message() + " (MPI: " + call +
-                                                          ": " + MpiErrorString(code) + ")");
+      return ffi::Error(ffi::ErrorCode::kUnavailable,
+                        failed.message() + " (MPI: " + call + ": " + MpiErrorString(code) + ")");
     }
   }
   return CheckMpi(code, what + ": " + call);
@@ -205,9 +202,8 @@ ffi::Error MpiWindow::Get(int peer, int64_t region, void* out) {
   InsideMpi inside(what, timeout_seconds_);
   const int n = static_cast<int>(region_bytes());
   JAXFOG_WINDOW_CALL(peer, "MPI_Get",
-                     MPI_Get(out, n, MPI_BYTE, peer,
-                             static_cast<MPI_Aint>(region * region_bytes()), n, MPI_BYTE,
-                             data_));
+                     MPI_Get(out, n, MPI_BYTE, peer, static_cast<MPI_Aint>(region * region_bytes()),
+                             n, MPI_BYTE, data_));
   JAXFOG_WINDOW_CALL(peer, "MPI_Win_flush", MPI_Win_flush(peer, data_));
   return ffi::Error::Success();
 }
@@ -229,13 +225,12 @@ ffi::Error MpiWindow::CountVersion(int peer, int64_t region) {
   return Count(peer, region, what, inside);
 }
 
-ffi::Error MpiWindow::Count(int peer, int64_t region, const std::string& what,
-                            InsideMpi& inside) {
+ffi::Error MpiWindow::Count(int peer, int64_t region, const std::string& what, InsideMpi& inside) {
   JAXFOG_RETURN_IF_ERROR(CheckRegion(peer, region));
   const int64_t one = 1;
-  JAXFOG_WINDOW_CALL(peer, "MPI_Accumulate (version count)",
-                     MPI_Accumulate(&one, 1, MPI_INT64_T, peer, region, 1, MPI_INT64_T,
-                                    MPI_SUM, control_));
+  JAXFOG_WINDOW_CALL(
+      peer, "MPI_Accumulate (version count)",
+      MPI_Accumulate(&one, 1, MPI_INT64_T, peer, region, 1, MPI_INT64_T, MPI_SUM, control_));
   JAXFOG_WINDOW_CALL(peer, "MPI_Win_flush (version count)", MPI_Win_flush(peer, control_));
   return ffi::Error::Success();
 }
@@ -243,9 +238,9 @@ ffi::Error MpiWindow::Count(int peer, int64_t region, const std::string& what,
 ffi::Error MpiWindow::ReadVersions(int64_t* versions) {
   const int64_t unused = 0;
   for (int64_t s = 0; s < slots(); ++s) {
-    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Fetch_and_op(&unused, versions + s, MPI_INT64_T, rank_,
-                                                1 + s, MPI_NO_OP, control_),
-                               "jaxfog window: MPI_Fetch_and_op (versions)");
+    JAXFOG_RETURN_IF_MPI_ERROR(
+        MPI_Fetch_and_op(&unused, versions + s, MPI_INT64_T, rank_, 1 + s, MPI_NO_OP, control_),
+        "jaxfog window: MPI_Fetch_and_op (versions)");
   }
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_flush(rank_, control_), "jaxfog window: MPI_Win_flush");
   return ffi::Error::Success();
@@ -255,16 +250,15 @@ ffi::Error MpiWindow::ResetVersions(const std::vector<int64_t>& regions) {
   const int64_t zero = 0;
   for (int64_t region : regions) {
     JAXFOG_RETURN_IF_ERROR(CheckRegion(rank_, region));
-    JAXFOG_RETURN_IF_MPI_ERROR(MPI_Accumulate(&zero, 1, MPI_INT64_T, rank_, region, 1,
-                                              MPI_INT64_T, MPI_REPLACE, control_),
-                               "jaxfog window: MPI_Accumulate (versions)");
+    JAXFOG_RETURN_IF_MPI_ERROR(
+        MPI_Accumulate(&zero, 1, MPI_INT64_T, rank_, region, 1, MPI_INT64_T, MPI_REPLACE, control_),
+        "jaxfog window: MPI_Accumulate (versions)");
   }
   JAXFOG_RETURN_IF_MPI_ERROR(MPI_Win_flush(rank_, control_), "jaxfog window: MPI_Win_flush");
   return ffi::Error::Success();
 }
 
-ffi::ErrorOr<bool> MpiWindow::TryAcquire(int peer, const std::string& what,
-                                         InsideMpi& inside) {
+ffi::ErrorOr<bool> MpiWindow::TryAcquire(int peer, const std::string& what, InsideMpi& inside) {
   // The mutex is the low 32-bit half of control word 0 (the high half stays 0),
   // and every access to it is 32-bit: Open MPI <= 4.1.4's osc/rdma (the
   // default one-sided component on one node) runs a 64-bit compare-and-swap
@@ -278,8 +272,7 @@ ffi::ErrorOr<bool> MpiWindow::TryAcquire(int peer, const std::string& what,
   int32_t found = -1;
   auto attempt = [&]() -> ffi::Error {
     JAXFOG_WINDOW_CALL(peer, "MPI_Compare_and_swap",
-                       MPI_Compare_and_swap(&mine, &free, &found, MPI_INT32_T, peer, 0,
-                                            control_));
+                       MPI_Compare_and_swap(&mine, &free, &found, MPI_INT32_T, peer, 0, control_));
     JAXFOG_WINDOW_CALL(peer, "MPI_Win_flush", MPI_Win_flush(peer, control_));
     inside.Leave();
     return ffi::Error::Success();
@@ -323,8 +316,10 @@ ffi::Error MpiWindow::Acquire(std::vector<int> ranks) {
       if (*got) break;
       if (endable.Interrupted()) return fail(InterruptedError(what, waiting));
       if (EndRequested()) {
-        EndNow(what + ": this process got SIGTERM (a launcher ending the job sends it) "
-               "while waiting for " + waiting + "; it ends now");
+        EndNow(what +
+               ": this process got SIGTERM (a launcher ending the job sends it) "
+               "while waiting for " +
+               waiting + "; it ends now");
       }
       const Clock::time_point now = Clock::now();
       if (timeout_seconds_ > 0 &&
@@ -372,9 +367,9 @@ ffi::Error MpiWindow::Release(std::vector<int> ranks) {
     auto release = [&]() -> ffi::Error {
       const int32_t free = 0;  // 32-bit like TryAcquire's compare-and-swap (atomicity
       int32_t previous = 0;    // holds only between accesses of one basic type)
-      JAXFOG_WINDOW_CALL(peer, "MPI_Fetch_and_op",
-                         MPI_Fetch_and_op(&free, &previous, MPI_INT32_T, peer, 0, MPI_REPLACE,
-                                          control_));
+      JAXFOG_WINDOW_CALL(
+          peer, "MPI_Fetch_and_op",
+          MPI_Fetch_and_op(&free, &previous, MPI_INT32_T, peer, 0, MPI_REPLACE, control_));
       JAXFOG_WINDOW_CALL(peer, "MPI_Win_flush", MPI_Win_flush(peer, control_));
       return ffi::Error::Success();
     };

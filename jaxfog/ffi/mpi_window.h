@@ -47,8 +47,8 @@ class MpiWindow final : public Window {
   int rank() const override { return rank_; }
   int64_t slots() const override { return peer_slots_[rank_]; }
 
-  ffi::Error Put(int peer, int64_t region, const std::vector<TypedRun>& runs,
-                 bool accumulate, bool count) override;
+  ffi::Error Put(int peer, int64_t region, const std::vector<TypedRun>& runs, bool accumulate,
+                 bool count) override;
   ffi::Error Get(int peer, int64_t region, void* out) override;
   ffi::Error Local(const std::function<ffi::Error(char* base)>& access) override;
   ffi::Error CountVersion(int peer, int64_t region) override;
@@ -58,13 +58,18 @@ class MpiWindow final : public Window {
   ffi::Error Release(std::vector<int> ranks) override;
 
  private:
-  MpiWindow(WindowLayout layout, MPI_Win data, char* base, MPI_Win control,
-            int64_t* control_base, int rank, std::vector<int64_t> peer_slots,
-            double timeout_seconds, std::shared_ptr<PeerWatch> watch,
-            std::vector<int> world_ranks)
-      : Window(std::move(layout)), data_(data), base_(base), control_(control),
-        control_base_(control_base), rank_(rank), peer_slots_(std::move(peer_slots)),
-        timeout_seconds_(timeout_seconds), watch_(std::move(watch)),
+  MpiWindow(WindowLayout layout, MPI_Win data, char* base, MPI_Win control, int64_t* control_base,
+            int rank, std::vector<int64_t> peer_slots, double timeout_seconds,
+            std::shared_ptr<PeerWatch> watch, std::vector<int> world_ranks)
+      : Window(std::move(layout)),
+        data_(data),
+        base_(base),
+        control_(control),
+        control_base_(control_base),
+        rank_(rank),
+        peer_slots_(std::move(peer_slots)),
+        timeout_seconds_(timeout_seconds),
+        watch_(std::move(watch)),
         taking_(peer_slots_.size()) {
     scope_.timeout_seconds = timeout_seconds;
     scope_.watch = watch_.get();

@@ -62,9 +62,9 @@ bool Resolve(void* handle, const char* name, F* slot, std::string* missing) {
 ::xla::ffi::ErrorOr<const NcclApi*> Nccl() {
   std::lock_guard<std::mutex> lock(load_mutex);
   if (loaded) return loaded;
-  return ::xla::ffi::Unexpected<::xla::ffi::Error>(::xla::ffi::Error(
-      ::xla::ffi::ErrorCode::kFailedPrecondition,
-      "jaxfog: NCCL is not loaded (jaxfog.init() loads it on a GPU machine)"));
+  return ::xla::ffi::Unexpected<::xla::ffi::Error>(
+      ::xla::ffi::Error(::xla::ffi::ErrorCode::kFailedPrecondition,
+                        "jaxfog: NCCL is not loaded (jaxfog.init() loads it on a GPU machine)"));
 }
 
 ::xla::ffi::Error NcclError(ncclResult_t code, const std::string& what, ncclComm_t comm) {

@@ -39,8 +39,7 @@ struct NcclApi {
 ::xla::ffi::ErrorOr<const NcclApi*> Nccl();
 
 // ncclSuccess, or an error naming `what` with NCCL's reason.
-::xla::ffi::Error NcclError(ncclResult_t code, const std::string& what,
-                            ncclComm_t comm = nullptr);
+::xla::ffi::Error NcclError(ncclResult_t code, const std::string& what, ncclComm_t comm = nullptr);
 
 }  // namespace jaxfog
 

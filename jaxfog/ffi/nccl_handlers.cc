@@ -104,8 +104,8 @@ ffi::Error ExchangeAs(OpCode op, int64_t comm_id, int64_t signature, std::string
 }
 
 // The exchange's handler: an exception names the op it served (Guard names one op).
-ffi::Error Exchange(int64_t comm_id, int64_t signature, std::string_view layout,
-                    I64s send_ranks, I64s recv_ranks, bool stacked, int64_t op_code, ffi::Token,
+ffi::Error Exchange(int64_t comm_id, int64_t signature, std::string_view layout, I64s send_ranks,
+                    I64s recv_ranks, bool stacked, int64_t op_code, ffi::Token,
                     ffi::RemainingArgs args, ffi::Result<ffi::Token>, ffi::RemainingRets rets,
                     cudaStream_t stream) noexcept {
   const auto op = static_cast<OpCode>(op_code);

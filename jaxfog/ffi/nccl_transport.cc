@@ -19,20 +19,30 @@ constexpr auto kPollInterval = std::chrono::milliseconds(20);
 
 ffi::ErrorOr<ncclDataType_t> NcclType(ffi::DataType type, const std::string& what) {
   switch (type) {
-    case ffi::DataType::F16: return ncclFloat16;
-    case ffi::DataType::BF16: return ncclBfloat16;
-    case ffi::DataType::F32: return ncclFloat32;
-    case ffi::DataType::F64: return ncclFloat64;
-    case ffi::DataType::S8: return ncclInt8;
-    case ffi::DataType::U8: return ncclUint8;
-    case ffi::DataType::S32: return ncclInt32;
-    case ffi::DataType::U32: return ncclUint32;
-    case ffi::DataType::S64: return ncclInt64;
-    case ffi::DataType::U64: return ncclUint64;
+    case ffi::DataType::F16:
+      return ncclFloat16;
+    case ffi::DataType::BF16:
+      return ncclBfloat16;
+    case ffi::DataType::F32:
+      return ncclFloat32;
+    case ffi::DataType::F64:
+      return ncclFloat64;
+    case ffi::DataType::S8:
+      return ncclInt8;
+    case ffi::DataType::U8:
+      return ncclUint8;
+    case ffi::DataType::S32:
+      return ncclInt32;
+    case ffi::DataType::U32:
+      return ncclUint32;
+    case ffi::DataType::S64:
+      return ncclInt64;
+    case ffi::DataType::U64:
+      return ncclUint64;
     default:
-      return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument(
-          what + ": NCCL cannot sum dtype " + DTypeName(type) +
-          " (the lowering sends it through host staging)"));
+      return ffi::Unexpected<ffi::Error>(
+          ffi::Error::InvalidArgument(what + ": NCCL cannot sum dtype " + DTypeName(type) +
+                                      " (the lowering sends it through host staging)"));
   }
 }
 
@@ -68,8 +78,8 @@ ffi::ErrorOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
   ncclComm_t comm = nullptr;
   const int rank = checks->rank(), size = checks->size();
   JAXFOG_RETURN_IF_ERROR_OR(NcclError(api->CommInitRank(&comm, size, id, rank),
-                                      "ncclCommInitRank (rank " + std::to_string(rank) +
-                                          " of " + std::to_string(size) + ", device " +
+                                      "ncclCommInitRank (rank " + std::to_string(rank) + " of " +
+                                          std::to_string(size) + ", device " +
                                           std::to_string(device) + ")"));
   return std::make_unique<NcclTransport>(api, CudaEvents(), comm, std::move(checks),
                                          timeout_seconds);
@@ -93,8 +103,8 @@ NcclTransport::~NcclTransport() {
   watchdog_.join();
   if (!aborted_) {
     ncclResult_t async = ncclSuccess;
-    const bool healthy = fenced_ && api_->CommGetAsyncError(comm_, &async) == ncclSuccess &&
-                         async == ncclSuccess;
+    const bool healthy =
+        fenced_ && api_->CommGetAsyncError(comm_, &async) == ncclSuccess && async == ncclSuccess;
     // Destroying waits for the peers; aborting does not.
     if (healthy) {
       api_->CommDestroy(comm_);
@@ -119,8 +129,7 @@ std::string NcclTransport::Describe(const OpInfo& info, const std::string& peers
 }
 
 template <typename Enqueue>
-ffi::Error NcclTransport::Grouped(const std::string& what, cudaStream_t stream,
-                                  Enqueue enqueue) {
+ffi::Error NcclTransport::Grouped(const std::string& what, cudaStream_t stream, Enqueue enqueue) {
   JAXFOG_RETURN_IF_ERROR(NcclError(api_->GroupStart(), what + ": ncclGroupStart", comm_));
   const ffi::Error status = enqueue();
   // The group is closed even after a failed call; the first error wins.
@@ -137,8 +146,8 @@ ffi::Error NcclTransport::Grouped(const std::string& what, cudaStream_t stream,
     }
   }
   if (event == nullptr) {
-    JAXFOG_RETURN_IF_ERROR(CudaError(events_->Create(&event, cudaEventDisableTiming),
-                                     "cudaEventCreateWithFlags"));
+    JAXFOG_RETURN_IF_ERROR(
+        CudaError(events_->Create(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
   }
   const cudaError_t recorded = events_->Record(event, stream);
   if (recorded != cudaSuccess) {
@@ -190,17 +199,17 @@ ffi::Error NcclTransport::Exchange(const OpInfo& info, const std::vector<SendSpe
     for (const SendSpec& send : sends) {
       for (const ConstPiece& piece : send.pieces) {
         if (!piece.bytes) continue;  // both sides skip it: the sizes agreed above
-        JAXFOG_RETURN_IF_ERROR(NcclError(
-            api_->Send(piece.data, piece.bytes, ncclUint8, send.peer, comm_, stream),
-            what + ": ncclSend", comm_));
+        JAXFOG_RETURN_IF_ERROR(
+            NcclError(api_->Send(piece.data, piece.bytes, ncclUint8, send.peer, comm_, stream),
+                      what + ": ncclSend", comm_));
       }
     }
     for (const RecvSpec& recv : recvs) {
       for (const Piece& piece : recv.pieces) {
         if (!piece.bytes) continue;
-        JAXFOG_RETURN_IF_ERROR(NcclError(
-            api_->Recv(piece.data, piece.bytes, ncclUint8, recv.peer, comm_, stream),
-            what + ": ncclRecv", comm_));
+        JAXFOG_RETURN_IF_ERROR(
+            NcclError(api_->Recv(piece.data, piece.bytes, ncclUint8, recv.peer, comm_, stream),
+                      what + ": ncclRecv", comm_));
       }
     }
     return ffi::Error::Success();
@@ -235,9 +244,9 @@ ffi::Error NcclTransport::Allreduce(const OpInfo& info, const std::vector<NcclBu
   }
   size_t l = 0;
   JAXFOG_RETURN_IF_ERROR(Collective(info, leaves, what, stream, [&](const NcclBuffer& leaf) {
-    return NcclError(api_->AllReduce(leaf.in, leaf.out, leaf.count, types[l++], ncclSum, comm_,
-                                     stream),
-                     what + ": ncclAllReduce", comm_);
+    return NcclError(
+        api_->AllReduce(leaf.in, leaf.out, leaf.count, types[l++], ncclSum, comm_, stream),
+        what + ": ncclAllReduce", comm_);
   }));
   // What a bandwidth-optimal (ring) allreduce sends per rank, as MPI counts it.
   const int64_t n = size(), bytes = static_cast<int64_t>(TotalBytes(leaves));
@@ -258,9 +267,9 @@ ffi::Error NcclTransport::Broadcast(const OpInfo& info, const std::vector<NcclBu
           cudaMemcpyAsync(leaf.out, leaf.in, leaf.bytes, cudaMemcpyDeviceToDevice, stream),
           "cudaMemcpyAsync"));
     }
-    return NcclError(api_->Broadcast(leaf.out, leaf.out, leaf.bytes, ncclUint8, root, comm_,
-                                     stream),
-                     what + ": ncclBroadcast", comm_);
+    return NcclError(
+        api_->Broadcast(leaf.out, leaf.out, leaf.bytes, ncclUint8, root, comm_, stream),
+        what + ": ncclBroadcast", comm_);
   }));
   const int64_t peers = rank() == root ? size() - 1 : 0;
   traffic::Add(info.op, peers, peers * static_cast<int64_t>(TotalBytes(leaves)));
@@ -314,8 +323,8 @@ bool NcclTransport::Poll(Clock::time_point now) {
     const cudaError_t state = events_->Query(pending_.front().event);
     if (state == cudaErrorNotReady) break;
     if (state != cudaSuccess) {
-      AbortLocked(pending_.front().what + ": the GPU reported " + cudaGetErrorName(state) +
-                  " (" + cudaGetErrorString(state) + ")");
+      AbortLocked(pending_.front().what + ": the GPU reported " + cudaGetErrorName(state) + " (" +
+                  cudaGetErrorString(state) + ")");
       return false;
     }
     spare_.push_back(pending_.front().event);

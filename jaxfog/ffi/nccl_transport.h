@@ -65,9 +65,9 @@ class NcclTransport {
   // Collective over the ranks of `checks` (which it takes over): every rank
   // passes the same `id` (from ncclGetUniqueId on one rank). `device` is this
   // process's GPU; `timeout_seconds` the watchdog's (JAXFOG_TIMEOUT).
-  static ffi::ErrorOr<std::unique_ptr<NcclTransport>> Create(
-      const ncclUniqueId& id, int device, std::unique_ptr<MpiTransport> checks,
-      double timeout_seconds);
+  static ffi::ErrorOr<std::unique_ptr<NcclTransport>> Create(const ncclUniqueId& id, int device,
+                                                             std::unique_ptr<MpiTransport> checks,
+                                                             double timeout_seconds);
   // Over an initialised communicator, with the given NCCL and event tables.
   NcclTransport(const NcclApi* api, const EventApi* events, ncclComm_t comm,
                 std::unique_ptr<MpiTransport> checks, double timeout_seconds);
@@ -138,7 +138,7 @@ class NcclTransport {
   std::condition_variable wake_;
   std::deque<Pending> pending_;     // oldest first
   std::vector<cudaEvent_t> spare_;  // finished events, for reuse
-  std::string failure_;          // set once, when the communicator is aborted
+  std::string failure_;             // set once, when the communicator is aborted
   bool aborted_ = false;
   bool fenced_ = false;
   bool stop_ = false;

@@ -37,9 +37,9 @@ struct Entry {
   std::vector<double> recv_weights;
 };
 
-ffi::ErrorOr<Entry> SelectEntry(int64_t step, F64s self_weights, I64s send_offsets,
-                                I64s send_ranks, F64s send_weights, I64s recv_offsets,
-                                I64s recv_ranks, F64s recv_weights, int size) {
+ffi::ErrorOr<Entry> SelectEntry(int64_t step, F64s self_weights, I64s send_offsets, I64s send_ranks,
+                                F64s send_weights, I64s recv_offsets, I64s recv_ranks,
+                                F64s recv_weights, int size) {
   const int64_t period = static_cast<int64_t>(self_weights.size());
   auto bad = [](const std::string& what) {
     return ffi::Unexpected<ffi::Error>(
@@ -77,8 +77,13 @@ class PartialSums {
   PartialSums(const std::vector<Leaf>& in, const std::vector<Leaf>& out,
               const std::vector<size_t>& offsets, const char* received, size_t stride,
               const Entry& entry)
-      : in_(in), out_(out), offsets_(offsets), received_(received), stride_(stride),
-        entry_(entry), done_(in.size(), 0) {}
+      : in_(in),
+        out_(out),
+        offsets_(offsets),
+        received_(received),
+        stride_(stride),
+        entry_(entry),
+        done_(in.size(), 0) {}
 
   // Sums every element that lies wholly within the first `bytes` of the message.
   ffi::Error UpTo(size_t bytes) {
@@ -93,10 +98,9 @@ class PartialSums {
       if (ready <= done_[l]) continue;
       const size_t at = done_[l] * width;
       for (size_t j = 0; j < k; ++j) others[j] = received_ + j * stride_ + offsets_[l] + at;
-      JAXFOG_RETURN_IF_ERROR(WeightedSum(leaf.type, ready - done_[l],
-                                         static_cast<char*>(out_[l].out) + at,
-                                         static_cast<const char*>(leaf.in) + at,
-                                         entry_.self_weight, others, entry_.recv_weights));
+      JAXFOG_RETURN_IF_ERROR(WeightedSum(
+          leaf.type, ready - done_[l], static_cast<char*>(out_[l].out) + at,
+          static_cast<const char*>(leaf.in) + at, entry_.self_weight, others, entry_.recv_weights));
       done_[l] = ready;
     }
     return ffi::Error::Success();
@@ -133,8 +137,8 @@ ffi::Error NeighborAllreduce(Transport* transport, const OpInfo& info, const Ent
       char* base = scaled.back().data();
       timeline::Span span("scale");
       for (size_t l = 0; l < in.size(); ++l) {
-        JAXFOG_RETURN_IF_ERROR(WeightedSum(in[l].type, in[l].count, base + offsets[l],
-                                           in[l].in, entry.send_weights[s], {}, {}));
+        JAXFOG_RETURN_IF_ERROR(WeightedSum(in[l].type, in[l].count, base + offsets[l], in[l].in,
+                                           entry.send_weights[s], {}, {}));
       }
       send.pieces = ConstPiecesAt(base, in, offsets);
     }
@@ -172,9 +176,9 @@ ffi::ErrorOr<Job> NeighborAllreduceJob(Staging* staging, int64_t comm_id, int64_
                                        ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(call, Decode(staging, comm_id, args, rets, OpCode::kNeighborAllreduce));
   JAXFOG_ASSIGN_OR_RETURN(at, InputScalar<int32_t>(staging, step.typed_data()));
-  JAXFOG_ASSIGN_OR_RETURN(entry, SelectEntry(at, self_weights, send_offsets,
-                                             send_ranks, send_weights, recv_offsets,
-                                             recv_ranks, recv_weights, call.transport->size()));
+  JAXFOG_ASSIGN_OR_RETURN(
+      entry, SelectEntry(at, self_weights, send_offsets, send_ranks, send_weights, recv_offsets,
+                         recv_ranks, recv_weights, call.transport->size()));
   const OpInfo info = Info(OpCode::kNeighborAllreduce, signature, layout);
   return TracedJob(OpCode::kNeighborAllreduce, comm_id, call.transport, signature,
                    TotalBytes(call.in), [=](timeline::OpArgs* trace) {
@@ -187,8 +191,8 @@ ffi::ErrorOr<Job> NeighborAllreduceJob(Staging* staging, int64_t comm_id, int64_
 // message from j lands directly in its block of every output leaf.
 ffi::Error NeighborAllgather(Transport* transport, const OpInfo& info,
                              const std::vector<int64_t>& send_ranks,
-                             const std::vector<int64_t>& recv_ranks,
-                             const std::vector<Leaf>& in, const std::vector<Leaf>& out) {
+                             const std::vector<int64_t>& recv_ranks, const std::vector<Leaf>& in,
+                             const std::vector<Leaf>& out) {
   std::vector<SendSpec> sends;
   for (int64_t peer : send_ranks) {
     SendSpec send{static_cast<int>(peer), {}};
@@ -216,8 +220,7 @@ ffi::Error NeighborReduceScatter(Transport* transport, const OpInfo& info,
   for (size_t i = 0; i < send_ranks.size(); ++i) {
     SendSpec send{static_cast<int>(send_ranks[i]), {}};
     for (size_t l = 0; l < out.size(); ++l) {
-      send.pieces.push_back({static_cast<const char*>(in[l].in) + i * out[l].bytes,
-                             out[l].bytes});
+      send.pieces.push_back({static_cast<const char*>(in[l].in) + i * out[l].bytes, out[l].bytes});
     }
     sends.push_back(std::move(send));
   }
@@ -227,8 +230,8 @@ ffi::Error NeighborReduceScatter(Transport* transport, const OpInfo& info,
   ScratchPool::Lease received = ScratchPool::Global().Acquire(stride * k);
   std::vector<RecvSpec> recvs;
   for (size_t j = 0; j < k; ++j) {
-    recvs.push_back({static_cast<int>(recv_ranks[j]),
-                     PiecesAt(received.data() + j * stride, out, offsets)});
+    recvs.push_back(
+        {static_cast<int>(recv_ranks[j]), PiecesAt(received.data() + j * stride, out, offsets)});
   }
   JAXFOG_RETURN_IF_ERROR(transport->Exchange(info, sends, recvs));
   timeline::Span span("weighted sum");
@@ -246,16 +249,16 @@ ffi::Error NeighborReduceScatter(Transport* transport, const OpInfo& info,
 // message is the size of its output.
 template <OpCode op>
 ffi::ErrorOr<Job> NeighborGatherJob(Staging* staging, int64_t comm_id, int64_t signature,
-                                    std::string_view layout, I64s send_ranks,
-                                    I64s recv_ranks, ffi::Token, ffi::RemainingArgs args,
-                                    ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
+                                    std::string_view layout, I64s send_ranks, I64s recv_ranks,
+                                    ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token>,
+                                    ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(call, Decode(staging, comm_id, args, rets, op));
   std::vector<int64_t> sends(send_ranks.begin(), send_ranks.end());
   std::vector<int64_t> recvs(recv_ranks.begin(), recv_ranks.end());
   constexpr bool adjoint = op == OpCode::kNeighborReduceScatter;
   const OpInfo info = Info(op, signature, layout);
-  return TracedJob(op, comm_id, call.transport, signature,
-                   TotalBytes(adjoint ? call.out : call.in), [=](timeline::OpArgs* trace) {
+  return TracedJob(op, comm_id, call.transport, signature, TotalBytes(adjoint ? call.out : call.in),
+                   [=](timeline::OpArgs* trace) {
                      if (trace) trace->Peers(sends, recvs);
                      return (adjoint ? NeighborReduceScatter : NeighborAllgather)(
                          call.transport, info, sends, recvs, call.in, call.out);
@@ -293,8 +296,7 @@ struct Handler<OpCode::kNeighborAllreduce> : Async<NeighborAllreduceJob> {
 template <>
 struct Handler<OpCode::kNeighborAllgather> : NeighborGather<OpCode::kNeighborAllgather> {};
 template <>
-struct Handler<OpCode::kNeighborReduceScatter>
-    : NeighborGather<OpCode::kNeighborReduceScatter> {};
+struct Handler<OpCode::kNeighborReduceScatter> : NeighborGather<OpCode::kNeighborReduceScatter> {};
 
 JAXFOG_DEFINE_EXPORTS(NeighborAllreduce)
 JAXFOG_DEFINE_EXPORTS(NeighborAllgather)

@@ -14,7 +14,6 @@
 
 namespace jaxfog {
 
-
 namespace {
 
 // Tickets are integers a float32 holds exactly.
@@ -31,10 +30,10 @@ class Handles {
   ffi::ErrorOr<uint32_t> Add(std::shared_ptr<Pending> pending) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (pending_.size() >= kTicketLimit - 1) {
-      return ffi::Unexpected<ffi::Error>(ffi::Error(
-          ffi::ErrorCode::kResourceExhausted,
-          "jaxfog: " + std::to_string(pending_.size()) +
-              " nonblocking ops are pending, none waited for: wait for their handles"));
+      return ffi::Unexpected<ffi::Error>(
+          ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                     "jaxfog: " + std::to_string(pending_.size()) +
+                         " nonblocking ops are pending, none waited for: wait for their handles"));
     }
     do {
       next_ = next_ + 1 < kTicketLimit ? next_ + 1 : 1;
@@ -78,9 +77,9 @@ class Handles {
 
 ffi::ErrorOr<uint32_t> TicketOf(float value) {
   if (!(value >= 0 && value < float(kTicketLimit)) || value != static_cast<uint32_t>(value)) {
-    return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument(
-        "jaxfog.wait: " + std::to_string(value) +
-        " is not a handle's ticket (a handle's arrays were changed)"));
+    return ffi::Unexpected<ffi::Error>(
+        ffi::Error::InvalidArgument("jaxfog.wait: " + std::to_string(value) +
+                                    " is not a handle's ticket (a handle's arrays were changed)"));
   }
   return static_cast<uint32_t>(value);
 }
@@ -138,8 +137,8 @@ ffi::Future WaitOnHost(ffi::Token, ffi::AnyBuffer ticket_buffer, ffi::RemainingA
       timeline::Record("wait for the op", -1, waiting_since, timeline::Now());
     }
     HostCopier copier;
-    ffi::Error error = outcome.success() ? pending->staging()->FinishInto(&copier, outputs)
-                                         : outcome;
+    ffi::Error error =
+        outcome.success() ? pending->staging()->FinishInto(&copier, outputs) : outcome;
     if (error.success()) {
       promise->SetAvailable();
     } else {

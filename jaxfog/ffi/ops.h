@@ -20,21 +20,22 @@
 
 #include <cstdint>
 
-#define JAXFOG_OPS(X)                                                                                             \
-  X(rank, Rank, 7, "rank", "", blocking)                                                                          \
-  X(size, Size, 8, "size", "", blocking)                                                                          \
-  X(barrier, Barrier, 9, "barrier", "", blocking)                                                                 \
-  X(fence, Fence, 10, "fence", "", blocking)                                                                      \
-  X(neighbor_allreduce, NeighborAllreduce, 1, "neighbor_allreduce", "exchange", nonblocking)                      \
-  X(neighbor_allgather, NeighborAllgather, 2, "neighbor_allgather", "exchange", nonblocking)                      \
-  X(neighbor_reduce_scatter, NeighborReduceScatter, 3, "neighbor_allgather (transpose)", "exchange", nonblocking) \
-  X(allreduce, Allreduce, 4, "allreduce", "allreduce", nonblocking)                                               \
-  X(broadcast, Broadcast, 5, "broadcast", "broadcast", nonblocking)                                               \
-  X(allgather, Allgather, 6, "allgather", "allgather", nonblocking)                                               \
-  X(win_put, WinPut, 11, "win_put", "", nonblocking)                                                              \
-  X(win_accumulate, WinAccumulate, 12, "win_accumulate", "", nonblocking)                                         \
-  X(win_update, WinUpdate, 13, "win_update", "", blocking)                                                        \
-  X(win_get, WinGet, 14, "win_get", "", nonblocking)                                                              \
+#define JAXFOG_OPS(X)                                                                        \
+  X(rank, Rank, 7, "rank", "", blocking)                                                     \
+  X(size, Size, 8, "size", "", blocking)                                                     \
+  X(barrier, Barrier, 9, "barrier", "", blocking)                                            \
+  X(fence, Fence, 10, "fence", "", blocking)                                                 \
+  X(neighbor_allreduce, NeighborAllreduce, 1, "neighbor_allreduce", "exchange", nonblocking) \
+  X(neighbor_allgather, NeighborAllgather, 2, "neighbor_allgather", "exchange", nonblocking) \
+  X(neighbor_reduce_scatter, NeighborReduceScatter, 3, "neighbor_allgather (transpose)",     \
+    "exchange", nonblocking)                                                                 \
+  X(allreduce, Allreduce, 4, "allreduce", "allreduce", nonblocking)                          \
+  X(broadcast, Broadcast, 5, "broadcast", "broadcast", nonblocking)                          \
+  X(allgather, Allgather, 6, "allgather", "allgather", nonblocking)                          \
+  X(win_put, WinPut, 11, "win_put", "", nonblocking)                                         \
+  X(win_accumulate, WinAccumulate, 12, "win_accumulate", "", nonblocking)                    \
+  X(win_update, WinUpdate, 13, "win_update", "", blocking)                                   \
+  X(win_get, WinGet, 14, "win_get", "", nonblocking)                                         \
   X(win_state, WinState, 15, "win_state", "", blocking)
 
 namespace jaxfog {
@@ -49,7 +50,7 @@ enum class OpCode : uint32_t {
 inline const char* OpName(OpCode op) {
   switch (op) {
 #define JAXFOG_OP_CASE(name, Camel, code, label, nccl, form) \
-  case OpCode::k##Camel:                               \
+  case OpCode::k##Camel:                                     \
     return label;
     JAXFOG_OPS(JAXFOG_OP_CASE)
 #undef JAXFOG_OP_CASE

@@ -41,7 +41,8 @@ bool IsProcessFailure(int code) {
 #if defined(MPI_ERR_PROC_FAILED)  // Open MPI 5 (mpi.h)
   if (error_class == MPI_ERR_PROC_FAILED || error_class == MPI_ERR_PROC_FAILED_PENDING) return true;
 #elif defined(MPIX_ERR_PROC_FAILED)  // MPICH
-  if (error_class == MPIX_ERR_PROC_FAILED || error_class == MPIX_ERR_PROC_FAILED_PENDING) return true;
+  if (error_class == MPIX_ERR_PROC_FAILED || error_class == MPIX_ERR_PROC_FAILED_PENDING)
+    return true;
 #endif
   return false;
 }
@@ -86,15 +87,14 @@ PeerWatch::PeerWatch(MPI_Comm comm, int rank, int size, uint64_t generation,
 ffi::ErrorOr<std::shared_ptr<PeerWatch>> PeerWatch::Create(MPI_Comm comm,
                                                            double warn_after_seconds) {
   int rank = 0, size = 0;
-  JAXFOG_RETURN_IF_ERROR_OR(
-      CheckMpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "peer watch: MPI_Comm_set_errhandler"));
+  JAXFOG_RETURN_IF_ERROR_OR(CheckMpi(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN),
+                                     "peer watch: MPI_Comm_set_errhandler"));
   JAXFOG_RETURN_IF_ERROR_OR(CheckMpi(MPI_Comm_rank(comm, &rank), "peer watch: MPI_Comm_rank"));
   JAXFOG_RETURN_IF_ERROR_OR(CheckMpi(MPI_Comm_size(comm, &size), "peer watch: MPI_Comm_size"));
   CatchLauncherNotices();
   CatchEndSignal();
   static std::atomic<uint64_t> watches{0};  // this process's inits so far
-  std::shared_ptr<PeerWatch> watch(
-      new PeerWatch(comm, rank, size, ++watches, warn_after_seconds));
+  std::shared_ptr<PeerWatch> watch(new PeerWatch(comm, rank, size, ++watches, warn_after_seconds));
   std::lock_guard<std::mutex> lock(watch->mutex_);
   JAXFOG_RETURN_IF_ERROR_OR(watch->Post());
   return watch;
@@ -111,8 +111,10 @@ PeerWatch::Progress* PeerWatch::Track(int64_t comm_id) {
   for (auto& [id, progress] : progress_) {
     if (id == comm_id) return &progress;
   }
-  return &progress_.emplace_back(std::piecewise_construct, std::forward_as_tuple(comm_id),
-                                 std::forward_as_tuple()).second;
+  return &progress_
+              .emplace_back(std::piecewise_construct, std::forward_as_tuple(comm_id),
+                            std::forward_as_tuple())
+              .second;
 }
 
 std::string PeerWatch::LastOps() {
@@ -137,9 +139,9 @@ ffi::ErrorOr<std::vector<int>> PeerWatch::WorldRanks(MPI_Comm comm) const {
   std::vector<int> ranks(static_cast<size_t>(size)), world_ranks(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) ranks[r] = r;
   if (status.success()) {
-    status = CheckMpi(MPI_Group_translate_ranks(group, size, ranks.data(), world,
-                                                world_ranks.data()),
-                      "MPI_Group_translate_ranks");
+    status =
+        CheckMpi(MPI_Group_translate_ranks(group, size, ranks.data(), world, world_ranks.data()),
+                 "MPI_Group_translate_ranks");
   }
   MPI_Group_free(&group);
   if (world != MPI_GROUP_NULL) MPI_Group_free(&world);
@@ -148,9 +150,9 @@ ffi::ErrorOr<std::vector<int>> PeerWatch::WorldRanks(MPI_Comm comm) const {
 }
 
 ffi::Error PeerWatch::Post() {
-  return CheckMpi(MPI_Irecv(&inbox_, sizeof(Wire), MPI_BYTE, MPI_ANY_SOURCE, kGoodbyeTag, comm_,
-                            &receive_),
-                  "peer watch: MPI_Irecv of a goodbye");
+  return CheckMpi(
+      MPI_Irecv(&inbox_, sizeof(Wire), MPI_BYTE, MPI_ANY_SOURCE, kGoodbyeTag, comm_, &receive_),
+      "peer watch: MPI_Irecv of a goodbye");
 }
 
 ffi::Error PeerWatch::Poll() {
@@ -175,11 +177,12 @@ ffi::Error PeerWatch::PollLocked() {
     const int from = status.MPI_SOURCE;
     if (inbox_.magic == kGoodbyeMagic && inbox_.generation == generation_ && from >= 0 &&
         static_cast<size_t>(from) < departed_.size() && !departed_[from]) {
-      Departure departure{static_cast<Reason>(inbox_.reason), inbox_.after_failure != 0, {},
+      Departure departure{static_cast<Reason>(inbox_.reason),
+                          inbox_.after_failure != 0,
+                          {},
                           std::chrono::steady_clock::now()};
       for (uint32_t i = 0; i < std::min<uint32_t>(inbox_.count, kMaxComms); ++i) {
-        departure.last.push_back({inbox_.last[i].comm_id,
-                                  static_cast<OpCode>(inbox_.last[i].op),
+        departure.last.push_back({inbox_.last[i].comm_id, static_cast<OpCode>(inbox_.last[i].op),
                                   inbox_.last[i].sequence});
       }
       departed_[from] = std::move(departure);
@@ -289,8 +292,8 @@ ffi::Error PeerWatch::SayGoodbye(Reason reason) {
     MPI_Request& request = sends.emplace_back(MPI_REQUEST_NULL);
     if (int code = MPI_Isend(&out, sizeof(Wire), MPI_BYTE, peer, kGoodbyeTag, comm_, &request);
         code != MPI_SUCCESS) {
-      result = CheckMpi(code, "jaxfog.shutdown: MPI_Isend of a goodbye to rank " +
-                                  std::to_string(peer));
+      result =
+          CheckMpi(code, "jaxfog.shutdown: MPI_Isend of a goodbye to rank " + std::to_string(peer));
     }
   }
   // A goodbye is small, so sent eagerly: the sends complete at once. One to
@@ -299,8 +302,9 @@ ffi::Error PeerWatch::SayGoodbye(Reason reason) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
   int done = 0;
   while (!sends.empty() && std::chrono::steady_clock::now() < deadline) {
-    if (MPI_Testall(static_cast<int>(sends.size()), sends.data(), &done,
-                    MPI_STATUSES_IGNORE) != MPI_SUCCESS || done) {
+    if (MPI_Testall(static_cast<int>(sends.size()), sends.data(), &done, MPI_STATUSES_IGNORE) !=
+            MPI_SUCCESS ||
+        done) {
       break;
     }
     std::this_thread::yield();
@@ -409,7 +413,8 @@ void AwaitEndSignal() {
     if (watch != nullptr) {
       EndNow("jaxfog (rank " + std::to_string(watch->rank()) +
              "): this process got SIGTERM (a launcher ending the job sends it) between "
-             "ops, none waiting; its last: " + watch->LastOps() + "; it ends now");
+             "ops, none waiting; its last: " +
+             watch->LastOps() + "; it ends now");
     }
   }
   EndBySigterm();
@@ -449,8 +454,8 @@ namespace {
 // Counted by the SIGINT handler (lock-free: signal-safe); a wait compares.
 std::atomic<uint64_t> interrupts{0};
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
-std::mutex interrupt_mutex;        // CatchInterrupts (not the handler)
-struct sigaction previous_int;     // Python's, written before ours is installed
+std::mutex interrupt_mutex;     // CatchInterrupts (not the handler)
+struct sigaction previous_int;  // Python's, written before ours is installed
 
 void OnInterrupt(int signal, siginfo_t* info, void* context) {
   // Python's handler first: its KeyboardInterrupt is pending by the time a
@@ -564,8 +569,7 @@ InsideMpi::InsideMpi(const std::string& what, double timeout_seconds) {
   });
   for (size_t i = 0; i < kInsideMpiSlots; ++i) {
     bool free = false;
-    if (inside_mpi_slots[i].taken.compare_exchange_strong(free, true,
-                                                          std::memory_order_acquire)) {
+    if (inside_mpi_slots[i].taken.compare_exchange_strong(free, true, std::memory_order_acquire)) {
       slot_ = &inside_mpi_slots[i];
       break;
     }

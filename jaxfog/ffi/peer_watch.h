@@ -81,8 +81,7 @@ class PeerWatch {
   // Watches for goodbyes on `comm`, a duplicate of COMM_WORLD that the
   // runtime made for this alone and frees after Stop(). `warn_after_seconds`
   // (JAXFOG_WARN_AFTER; 0: never) is when a long wait says what it waits for.
-  static ffi::ErrorOr<std::shared_ptr<PeerWatch>> Create(MPI_Comm comm,
-                                                         double warn_after_seconds);
+  static ffi::ErrorOr<std::shared_ptr<PeerWatch>> Create(MPI_Comm comm, double warn_after_seconds);
   ~PeerWatch();
   PeerWatch(const PeerWatch&) = delete;
   PeerWatch& operator=(const PeerWatch&) = delete;

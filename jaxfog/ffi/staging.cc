@@ -72,8 +72,8 @@ ffi::Error Staging::Finish() {
   timeline::Span span("stage out");
   for (size_t i = 0; i < device_outputs_.size(); ++i) {
     in_flight_ = true;
-    JAXFOG_RETURN_IF_ERROR(copier_->ToDevice(device_outputs_[i].data, host_outputs_[i].data,
-                                             host_outputs_[i].bytes));
+    JAXFOG_RETURN_IF_ERROR(
+        copier_->ToDevice(device_outputs_[i].data, host_outputs_[i].data, host_outputs_[i].bytes));
   }
   in_flight_ = false;
   return copier_->Wait();
@@ -81,10 +81,9 @@ ffi::Error Staging::Finish() {
 
 ffi::Error Staging::FinishInto(DeviceCopier* copier, const std::vector<Piece>& outputs) {
   if (outputs.size() != host_outputs_.size()) {
-    return ffi::Error::InvalidArgument("jaxfog.wait: the op has " +
-                                       std::to_string(host_outputs_.size()) +
-                                       " results, the wait expects " +
-                                       std::to_string(outputs.size()));
+    return ffi::Error::InvalidArgument(
+        "jaxfog.wait: the op has " + std::to_string(host_outputs_.size()) +
+        " results, the wait expects " + std::to_string(outputs.size()));
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (outputs[i].bytes != host_outputs_[i].bytes) {

@@ -52,8 +52,9 @@ std::unique_ptr<DeviceCopier> MakeCudaCopier(void* stream);
 // MakeCudaCopier gave none: the library was built without CUDA.
 inline ffi::Error BuiltWithoutCuda(const std::string& what) {
   return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                    what + ": this library was built without CUDA; rebuild jaxfog with the "
-                           "CUDA toolkit (JAXFOG_CUDA_HOME) to run ops on GPU arrays");
+                    what +
+                        ": this library was built without CUDA; rebuild jaxfog with the "
+                        "CUDA toolkit (JAXFOG_CUDA_HOME) to run ops on GPU arrays");
 }
 
 // The most bytes of free pinned staging buffers kept for reuse

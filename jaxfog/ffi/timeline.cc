@@ -63,8 +63,10 @@ void Append(const char* name, Category category, int peer, int64_t start, int64_
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.events.size() >= kMaxEvents) {
     if (s.dropped++ == 0) {
-      std::fprintf(stderr, "jaxfog timeline: %zu spans recorded, the most kept in memory; "
-                   "later spans are dropped\n", kMaxEvents);
+      std::fprintf(stderr,
+                   "jaxfog timeline: %zu spans recorded, the most kept in memory; "
+                   "later spans are dropped\n",
+                   kMaxEvents);
     }
     return;
   }
@@ -170,15 +172,18 @@ bool Write(State& s, std::string* error) {
   FILE* f = file.get();
   if (f == nullptr) return fail("create");
   const int pid = s.rank;
-  std::fprintf(f, "{\"traceEvents\":[\n"
+  std::fprintf(f,
+               "{\"traceEvents\":[\n"
                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
                "\"args\":{\"name\":\"rank %d\"}},\n"
                "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
                "\"args\":{\"sort_index\":%d}}",
                pid, s.rank, pid, s.rank);
   for (const auto& [tid, name] : s.thread_names) {
-    std::fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
-                 "\"args\":{\"name\":\"%s\"}}", pid, tid, name);
+    std::fprintf(f,
+                 ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+                 "\"args\":{\"name\":\"%s\"}}",
+                 pid, tid, name);
   }
   static const char* const kCategories[] = {"phase", "op", "queue"};
   for (const Event& e : s.events) {
@@ -197,11 +202,11 @@ bool Write(State& s, std::string* error) {
     std::fputc('}', f);
   }
   // otherData: what `jaxfog timeline merge` needs to put ranks on one clock.
-  std::fprintf(f, "\n],\n\"displayTimeUnit\":\"ns\",\n\"otherData\":{\"jaxfog_timeline\":1,"
+  std::fprintf(f,
+               "\n],\n\"displayTimeUnit\":\"ns\",\n\"otherData\":{\"jaxfog_timeline\":1,"
                "\"rank\":%d,\"origin_unix_ns\":%" PRId64 ",\"spans\":%zu,\"dropped_spans\":%" PRIu64
                ",\"max_spans\":%zu}}\n",
-               s.rank, s.origin_unix_ns, s.events.size(), s.dropped,
-               kMaxEvents);
+               s.rank, s.origin_unix_ns, s.events.size(), s.dropped, kMaxEvents);
   if (std::ferror(f)) return fail("write");
   if (!file.Close()) return fail("write");
   if (std::rename(temporary.c_str(), s.path.c_str()) != 0) {

@@ -120,8 +120,7 @@ class Transport {
   // it sends from its input, so the copy is off the critical path).
   virtual ffi::Error Broadcast(const OpInfo& info, void* data, size_t bytes, int root,
                                const std::function<void()>& meanwhile = nullptr) = 0;
-  virtual ffi::Error Allgather(const OpInfo& info, const void* in, void* out,
-                               size_t bytes) = 0;
+  virtual ffi::Error Allgather(const OpInfo& info, const void* in, void* out, size_t bytes) = 0;
 };
 
 }  // namespace jaxfog

@@ -43,8 +43,8 @@ struct WindowLayout {
     size_t bytes;
   };
   std::vector<Leaf> leaves;
-  size_t message_bytes = 0;     // the leaves' extent (64-byte aligned)
-  int64_t weight_offset = -1;   // the push-sum weight's offset; -1: no weight
+  size_t message_bytes = 0;    // the leaves' extent (64-byte aligned)
+  int64_t weight_offset = -1;  // the push-sum weight's offset; -1: no weight
   size_t region_bytes() const { return message_bytes + (weight_offset >= 0 ? 64 : 0); }
 };
 
@@ -92,8 +92,7 @@ class Window {
 // empty). Check status() after construction.
 class ScopedMutex {
  public:
-  ScopedMutex(Window* window, std::vector<int> ranks)
-      : window_(window), ranks_(std::move(ranks)) {
+  ScopedMutex(Window* window, std::vector<int> ranks) : window_(window), ranks_(std::move(ranks)) {
     if (!ranks_.empty()) status_ = window_->Acquire(ranks_);
     held_ = !ranks_.empty() && status_.success();
   }
