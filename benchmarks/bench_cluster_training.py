@@ -200,6 +200,13 @@ def summarise(per_rank: list[dict], target: float, model: str = "digits") -> dic
 
 
 def run_cluster(rate: str, args, hosts: int) -> dict:
+    per_rank = run_on_cluster(rate, hosts, Path(__file__).resolve(), forward(args))
+    return summarise(per_rank, args.target, args.model)
+
+
+def run_on_cluster(rate: str, hosts: int, bench: Path, arguments: list[str]) -> list[dict]:
+    """``bench --rank --rank-out DIR *arguments`` on ``hosts`` namespaces, one
+    rank each, links at ``rate``: each rank's JSON file."""
     import tempfile
 
     netns_cluster = script("netns_cluster")
@@ -209,14 +216,13 @@ def run_cluster(rate: str, args, hosts: int) -> dict:
     with tempfile.TemporaryDirectory() as out, netns_cluster.Cluster(hosts, rate=rate) as cl:
         command = cl.on_host(0, [
             sys.executable, "-m", "jaxfog.cli", "run", "-np", str(hosts), "--hostfile",
-            cl.hostfile(), "--", sys.executable, str(Path(__file__).resolve()), "--rank",
-            "--rank-out", out, *forward(args)])
-        result = run_command(command, timeout=1800, env=cl.environment(launch_environment()))
+            cl.hostfile(), "--", sys.executable, str(bench), "--rank", "--rank-out", out,
+            *arguments])
+        result = run_command(command, timeout=3600, env=cl.environment(launch_environment()))
         print(result.output, flush=True)
         if not result.ok:
             raise SystemExit(result.report())
-        per_rank = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(hosts)]
-    return summarise(per_rank, args.target, args.model)
+        return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(hosts)]
 
 
 def forward(args) -> list[str]:
