@@ -187,13 +187,8 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
     coordinate, these steps do not cancel where the gradients do, and the
     agents settle elsewhere, at a distance that does not shrink with the
     step size (for :math:`f_i(x) = (x - c_i)^2 / 2`, at the median of the
-    :math:`c_i` instead of their mean). Measured on 8 simulated agents, the
-    digits MLP split by label, 2,000 steps: ``atc(optax.adam(1e-3))`` 74-77%
-    test accuracy, ``atc(optax.sgd(0.05, momentum=0.9))`` 96.9%,
-    ``gradient_tracking(optax.adam(1e-3))`` 97.6%,
-    ``gradient_allreduce(optax.adam(1e-3))`` 97.3%; with i.i.d. data every
-    one of them reaches 97-98% (``benchmarks/results/methods_8agents.md``;
-    the optax guide's "Which method when agents' data differ").
+    :math:`c_i` instead of their mean). The optax guide's "Which method when
+    agents' data differ" has the measurements (the digits MLP split by label).
 
     ``communication`` chooses the averaging that replaces :math:`W`:
     ``"allreduce"`` the global mean (:math:`W = \frac{1}{n} \mathbf{1}
@@ -354,11 +349,8 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
     optimum of :math:`\sum_i f_i`, at a distance that does not shrink with
     the step size. For Adam use ``gradient_tracking(optax.adam(...))``
     (:func:`gradient_tracking`: Adam on the tracked average gradient).
-    Measured on 8 simulated agents, the digits MLP split by label, 2,000
-    steps: ``awc(optax.adam(1e-3))`` 67.6% test accuracy,
-    ``awc(optax.sgd(0.05, momentum=0.9))`` 97.6%,
-    ``gradient_tracking(optax.adam(1e-3))`` 97.6%; with i.i.d. data
-    ``awc(adam)`` reaches 97.6% (``benchmarks/results/methods_8agents.md``).
+    The optax guide's "Which method when agents' data differ" has the
+    measurements.
 
     The exchange of :math:`x^k` does not depend on the gradient, so inside one
     jitted train step XLA is free to run it while the backward pass computes
