@@ -12,6 +12,8 @@ one do not hang.
 from __future__ import annotations
 
 import dataclasses
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import itertools
 import os
@@ -21,6 +23,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from types import ModuleType
 from typing import Callable, Mapping, Sequence
 
 from jaxfog import runtime, simulation, topology
@@ -154,6 +157,10 @@ def run_mpi(nprocs: int, file: str | os.PathLike, function: str | Sequence[str],
     """
     functions = [function] if isinstance(function, str) else list(function)
     full_env = launch_environment(env)
+    # The test's helpers sit beside it: its folder first on the ranks' path.
+    folder = str(Path(file).resolve().parent)
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        [folder, *filter(None, [full_env.get("PYTHONPATH")])])
     command = _launcher.build_command(
         [sys.executable, "-m", "jaxfog.testing", str(Path(file).resolve()), *functions],
         nprocs, env=full_env)
@@ -162,11 +169,64 @@ def run_mpi(nprocs: int, file: str | os.PathLike, function: str | Sequence[str],
 
 def _load(file: str):
     path = Path(file)
-    sys.path.insert(0, str(path.parent))  # the test's helpers sit beside it
     spec = importlib.util.spec_from_file_location(f"_jaxfog_mpi_{path.stem}", path)
     assert spec is not None and spec.loader is not None  # a test's .py file: a source loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+class _Beside(importlib.abc.MetaPathFinder):
+    """Finds a top-level module in ``folder``: last on ``sys.meta_path``, so only
+    what no other finder has (installed packages, the standard library) comes
+    from there."""
+
+    def __init__(self, folder: Path):
+        self.folder = str(folder)
+
+    def find_spec(self, name, path=None, target=None):
+        if path is not None or "." in name:
+            return None
+        return importlib.machinery.PathFinder.find_spec(name, [self.folder])
+
+
+def load_module(file: str | os.PathLike) -> ModuleType:
+    """The program ``file`` (a ``.py`` file: an example, a script, a benchmark)
+    as a module, under its own name in ``sys.modules``, as running it makes it
+    importable; a second call gives the same module.
+
+    While it loads, its imports of the modules beside it (``train_lm`` imports
+    ``train_digits``, as a script imports a file in its folder) are looked for
+    in its folder, after every other place, and loaded the same way. Nothing
+    stays on ``sys.path`` or ``sys.meta_path``, so an ``import`` elsewhere never
+    finds such a file by accident.
+
+    Raises:
+      ModuleNotFoundError: no such file.
+      ImportError: a module of that name is already imported from elsewhere.
+    """
+    path = Path(file).resolve()
+    name = path.stem
+    module = sys.modules.get(name)
+    if module is not None:  # loaded before (or imported by a file loaded before)
+        if Path(getattr(module, "__file__", None) or "").resolve() != path:
+            raise ImportError(f"a module named {name!r} is already imported, from "
+                              f"{getattr(module, '__file__', None)}, not from {path.parent}")
+        return module
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise ModuleNotFoundError(f"no {path.name} in {path.parent}", name=name)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # as an import does: its own imports may refer to it
+    finder = _Beside(path.parent)
+    sys.meta_path.append(finder)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    finally:
+        sys.meta_path.remove(finder)
     return module
 
 
@@ -241,7 +301,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         _between_functions(environ, x64)
 
 
-__all__ = ["MpiResult", "launch_environment", "main", "platforms", "run_command", "run_mpi"]
+__all__ = ["MpiResult", "launch_environment", "load_module", "main", "platforms",
+           "run_command", "run_mpi"]
 
 
 if __name__ == "__main__":

@@ -31,13 +31,13 @@ import threading
 import time
 from pathlib import Path
 
+import netns_cluster  # beside this script
+
+from jaxfog.cli._launcher import find_mpiexec, mpi_flavour
+from jaxfog.testing import launch_environment, load_module, run_command
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(0, str(REPO / "tests"))
-import netns_cluster  # noqa: E402 (after the path)
-from jaxfog.cli._launcher import find_mpiexec, mpi_flavour  # noqa: E402 (after the path)
-from jaxfog.testing import launch_environment, run_command  # noqa: E402 (after the path)
-from netns_rig import run_command_args  # noqa: E402 (after the path)
+run_command_args = load_module(REPO / "tests" / "netns_rig.py").run_command_args
 
 N = 4
 SCRIPT = REPO / "tests" / "cluster_fault_rank.py"

@@ -36,6 +36,15 @@ def x64():
         yield
 
 
+@pytest.fixture(scope="module")
+def problem():
+    """optax_cases' least squares (diabetes) dealt to 4 agents: the problem of
+    the optimizers' tests against numpy models of their equations."""
+    import optax_cases
+
+    return optax_cases.least_squares(4)
+
+
 def pytest_collection_finish(session):
     """Tells ``mpi_harness`` which multi-rank tests run, so that a launch runs
     only selected bodies (``-k``, a node id)."""

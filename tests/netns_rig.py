@@ -13,10 +13,9 @@ from typing import Mapping, Sequence
 
 import pytest
 
-from jaxfog.testing import MpiResult, launch_environment, run_command
+from jaxfog.testing import MpiResult, launch_environment, load_module, run_command
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import netns_cluster  # noqa: E402
+netns_cluster = load_module(Path(__file__).resolve().parents[1] / "scripts" / "netns_cluster.py")
 
 
 @pytest.fixture

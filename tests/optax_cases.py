@@ -17,7 +17,7 @@ ridge term of total weight ``ridge`` split evenly over the agents:
 
 from __future__ import annotations
 
-import sys
+import importlib.util
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -25,7 +25,8 @@ import numpy as np
 
 import jaxfog.topology as T
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # _regression_data
+#: The examples' data of the regression problems.
+REGRESSION_DATA = Path(__file__).resolve().parents[1] / "examples" / "_regression_data.py"
 
 
 class Problem(NamedTuple):
@@ -65,7 +66,10 @@ def _deal(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]
 
 def least_squares(n: int) -> Problem:
     """The examples' ridge regression (examples/_regression_data.py), stacked."""
-    import _regression_data as data
+    spec = importlib.util.spec_from_file_location("_regression_data", REGRESSION_DATA)
+    assert spec is not None and spec.loader is not None
+    data = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(data)
 
     blocks = [data.load(r, n) for r in range(n)]
     A, B = np.stack([a for a, _, _ in blocks]), np.stack([b for _, b, _ in blocks])
@@ -87,6 +91,26 @@ def logistic(n: int, ridge: float = 30.0) -> Problem:
     A, B = _deal(a, y, n)
     lipschitz = max(0.25 * np.linalg.eigvalsh(z.T @ z)[-1] for z in A) + ridge / n
     return Problem("logistic", A, B, ridge, x, float(lipschitz))
+
+
+def local_gradients(problem: Problem, X: np.ndarray) -> np.ndarray:
+    """Every agent's gradient of its least-squares loss at its row of X (n, d),
+    in numpy: the references' side of ``Problem.loss``."""
+    n = X.shape[0]
+    return np.stack([a.T @ (a @ x - b) + problem.ridge / n * x
+                     for a, b, x in zip(problem.A, problem.B, X)])
+
+
+class HeavyBall:
+    """optax.sgd(lr, momentum, nesterov) in numpy, on an array or the rows of
+    X: each call takes a gradient and returns the update."""
+
+    def __init__(self, lr, momentum=0.0, nesterov=False):
+        self.lr, self.m, self.nesterov, self.trace = lr, momentum, nesterov, 0.0
+
+    def __call__(self, g):
+        self.trace = g + self.m * self.trace
+        return -self.lr * (g + self.m * self.trace if self.nesterov else self.trace)
 
 
 def train(optimizer, problem: Problem, n: int, steps: int, *, every_step: bool = False

@@ -34,3 +34,15 @@ def random_push_pull(n: int, seed: int):
     dst = [{i: float(rng.uniform(0.5, 2.0)) for j2, i in edges if j2 == j} for j in range(n)]
     self_w = [float(rng.uniform(0.1, 1.0)) for _ in range(n)]
     return self_w, src, dst
+
+
+def rank_setup(seed: int = 0, shape=(7,)):
+    """A multi-rank test body's start: float64, jaxfog initialised; jaxfog, this
+    rank, the size and every rank's :func:`global_values` (the body's inputs)."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # a rank runs one test: no leak
+    import jaxfog as jf
+
+    jf.init()
+    return jf, jf.rank(), jf.size(), global_values(jf.size(), shape, seed)

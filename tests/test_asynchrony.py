@@ -15,15 +15,9 @@ import jaxfog.optax as jfo
 import jaxfog.topology as T
 from optax_cases import directed_graph, least_squares
 
-pytestmark = pytest.mark.jax_internals
+pytestmark = [pytest.mark.jax_internals, pytest.mark.usefixtures("x64")]
 
 N = 4
-
-
-@pytest.fixture(autouse=True)
-def _x64():
-    with jax.enable_x64(True):
-        yield
 
 
 def _train(trainer, problem, topo, steps, x0):

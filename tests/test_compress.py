@@ -12,9 +12,7 @@ import pytest
 
 import jaxfog.compress as C
 
-pytestmark = pytest.mark.numerical
-
-jax.config.update("jax_enable_x64", True)
+pytestmark = [pytest.mark.numerical, pytest.mark.usefixtures("x64")]
 
 KEYS = 4000
 

@@ -15,9 +15,7 @@ import jaxfog.optax as jfo
 import jaxfog.topology as T
 import optax_cases as oc
 
-pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical]
-
-jax.config.update("jax_enable_x64", True)
+pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical, pytest.mark.usefixtures("x64")]
 
 
 def _gossip(optimizer, topology, X, steps):

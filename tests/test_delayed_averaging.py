@@ -20,15 +20,9 @@ import jaxfog.topology as T
 from mpi_harness import mpi_test
 from optax_cases import least_squares, train
 
-pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical]
+pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical, pytest.mark.usefixtures("x64")]
 
 N, STEPS = 4, 25
-
-
-@pytest.fixture(autouse=True)
-def _x64():
-    with jax.enable_x64(True):
-        yield
 
 
 def _reference(problem, W, lr, delay, mix_params, steps):

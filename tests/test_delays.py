@@ -18,16 +18,14 @@ import jaxfog.topology as T
 from jaxfog.simulation import _clock as sc
 from optax_cases import directed_graph, least_squares
 
-pytestmark = pytest.mark.jax_internals
+pytestmark = [pytest.mark.jax_internals, pytest.mark.usefixtures("x64")]
 
 N = 4
 
 
 @pytest.fixture(autouse=True)
-def _x64():
+def _fresh_clocks():
     jf.reset_clocks()
-    with jax.enable_x64(True):
-        yield
 
 
 def _train(trainer, problem, topo, iterations, x0, delays=None, lr_grad=True):

@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
+from jaxfog.testing import load_module
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def _example(name: str):
-    """Loads ``examples/{name}.py`` as ``python examples/{name}.py`` would find
-    it: its folder on ``sys.path``, so that its imports of the modules beside
-    it (``train_digits``, ``_regression_data``) work."""
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses (flax modules) look their module up
-    spec.loader.exec_module(module)
-    return module
+    """``examples/{name}.py``, as ``python examples/{name}.py`` would find the
+    modules beside it (``train_digits``, ``_regression_data``)."""
+    return load_module(EXAMPLES / f"{name}.py")
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from jaxfog.testing import load_module
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 DEFAULT = ["build", "gpu-tests", "exit", "mpi-suite", "bench-exchange", "bench-sim", "lm",
@@ -24,8 +26,7 @@ LOGS = {"build": "build.log", "gpu-tests": "gpu.log", "exit": "gpu.log",
         "bench-exchange": "bench.log"}
 MAX_FILES = 8
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import exit_probe  # noqa: E402
+exit_probe = load_module(ROOT / "scripts" / "exit_probe.py")
 
 
 def _check(out: Path, *args: str, timeout: float,

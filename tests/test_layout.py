@@ -361,3 +361,17 @@ def test_architecture_page_names_every_python_module():
     files = {path.name for path in PACKAGE.parent.rglob("*.py")}
     absent = sorted(n for n in named if n.endswith(".py") and Path(n).name not in files)
     assert not absent, f"the architecture page names files that do not exist: {absent}"
+
+
+def test_nothing_edits_sys_path():
+    """Programs beside each other load with jaxfog.testing.load_module (tests,
+    benchmarks, scripts, docs' snippets) and the ranks of a test launch find
+    its helpers through PYTHONPATH: no file puts a folder on sys.path."""
+    edit = re.compile(r"sys\.path\.(insert|append|extend)\(|sys\.path\s*(\+=|=[^=])")
+    files = [p for folder in ("jaxfog", "tests", "benchmarks", "scripts", "examples", "docs")
+             for p in (PACKAGE.parent / folder).rglob("*") if p.suffix in (".py", ".rst", ".sh")
+             and "_build" not in p.parts]
+    offenders = [f"{p.relative_to(PACKAGE.parent)}:{n}" for p in files
+                 for n, line in enumerate(p.read_text().splitlines(), 1)
+                 if edit.search(line) and "edit = re.compile" not in line]
+    assert not offenders, offenders

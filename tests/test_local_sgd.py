@@ -23,11 +23,6 @@ pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical, pytest.mark.usef
 N = 4
 
 
-@pytest.fixture(scope="module")
-def problem():
-    return oc.least_squares(N)
-
-
 def path(optimizer, problem, steps, topology=None):
     """Every agent's iterate after each step, (n, steps, d), simulated."""
     n = problem.A.shape[0]
@@ -37,24 +32,6 @@ def path(optimizer, problem, steps, topology=None):
 
 
 # --- numpy references, from the papers' equations -------------------------------------
-
-
-def grads(problem, X):
-    """Every agent's local gradient at X (n, d)."""
-    n = X.shape[0]
-    return np.stack([a.T @ (a @ x - b) + problem.ridge / n * x
-                     for a, b, x in zip(problem.A, problem.B, X)])
-
-
-class HeavyBall:
-    """optax.sgd(lr, momentum, nesterov) on the rows of X: returns the update."""
-
-    def __init__(self, lr, momentum=0.0, nesterov=False):
-        self.lr, self.m, self.nesterov, self.trace = lr, momentum, nesterov, 0.0
-
-    def __call__(self, g):
-        self.trace = g + self.m * self.trace
-        return -self.lr * (g + self.m * self.trace if self.nesterov else self.trace)
 
 
 def mixing(communication, n, t, topology=None, period=16, seed=0):
@@ -77,14 +54,14 @@ def reference(method, problem, steps, every, inner_lr, communication, topology=N
     """The iterates of local SGD / DiLoCo / NoLoCo written from the equations."""
     n, d = problem.A.shape[0], problem.A.shape[-1]
     X = np.zeros((n, d))
-    inner = HeavyBall(inner_lr, 0.5)
+    inner = oc.HeavyBall(inner_lr, 0.5)
     anchor, residual, momentum = X.copy(), np.zeros((n, d)), np.zeros((n, d))
     if method == "diloco":
-        outer_opt = HeavyBall(outer.get("lr", 0.7), outer.get("momentum", 0.9),
+        outer_opt = oc.HeavyBall(outer.get("lr", 0.7), outer.get("momentum", 0.9),
                               outer.get("nesterov", True))
     out = []
     for k in range(steps):
-        X = X + inner(grads(problem, X))
+        X = X + inner(oc.local_gradients(problem, X))
         if (k + 1) % every == 0:
             t = k // every
             W = mixing(communication, n, t, topology)

@@ -12,14 +12,9 @@ pytestmark = pytest.mark.jax_internals
 
 
 def _setup(seed: int = 0, shape=(6,)):
-    import jax
+    from reference import rank_setup
 
-    jax.config.update("jax_enable_x64", True)
-    import jaxfog as jf
-    from reference import global_values
-
-    jf.init()
-    return jf, jf.rank(), jf.size(), global_values(jf.size(), shape, seed)
+    return rank_setup(seed, shape)
 
 
 @mpi_test((2, 5))

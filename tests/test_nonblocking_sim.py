@@ -15,15 +15,9 @@ import jaxfog.topology as T
 from jaxfog.errors import HandleError
 from jaxfog.simulation import _clock
 
-pytestmark = pytest.mark.jax_internals
+pytestmark = [pytest.mark.jax_internals, pytest.mark.usefixtures("x64")]
 
 N = 4
-
-
-@pytest.fixture(autouse=True)
-def _x64():
-    with jax.enable_x64(True):
-        yield
 
 
 def _X(seed=0, shape=(5,)):

@@ -7,15 +7,10 @@ import pytest
 from mpi_harness import mpi_test
 
 
-
 def _setup():
-    import jax
+    from reference import rank_setup
 
-    jax.config.update("jax_enable_x64", True)
-    import jaxfog as jf
-
-    jf.init()
-    return jf, jf.rank(), jf.size()
+    return rank_setup()[:3]
 
 
 @mpi_test(nprocs=(2, 3))

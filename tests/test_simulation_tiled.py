@@ -5,7 +5,6 @@ its Triton lowering built for CUDA without a GPU. Its speed is the GPU check's
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import jax
@@ -16,9 +15,11 @@ import pytest
 import jaxfog as jf
 import jaxfog.topology as T
 from jaxfog.simulation import _tiled
+from jaxfog.testing import load_module
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_simulate import random_regular  # in- and out-degree 4
+# in- and out-degree 4
+random_regular = load_module(Path(__file__).resolve().parents[1] / "benchmarks"
+                             / "bench_simulate.py").random_regular
 
 pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical]
 

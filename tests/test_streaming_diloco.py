@@ -27,11 +27,6 @@ N = 4
 CUTS = (4, 6)
 
 
-@pytest.fixture(scope="module")
-def problem():
-    return oc.least_squares(N)
-
-
 def split(x):
     return tuple(jnp.split(x, CUTS))
 
@@ -87,23 +82,6 @@ def simulated(agent, problem):
 # --- the numpy reference, from the paper's algorithm ------------------------------------------
 
 
-def grads(problem, X):
-    n = X.shape[0]
-    return np.stack([a.T @ (a @ x - b) + problem.ridge / n * x
-                     for a, b, x in zip(problem.A, problem.B, X)])
-
-
-class HeavyBall:
-    """optax.sgd(lr, momentum, nesterov) on an array: returns the update."""
-
-    def __init__(self, lr, momentum=0.0, nesterov=False):
-        self.lr, self.m, self.nesterov, self.trace = lr, momentum, nesterov, 0.0
-
-    def __call__(self, g):
-        self.trace = g + self.m * self.trace
-        return -self.lr * (g + self.m * self.trace if self.nesterov else self.trace)
-
-
 def reference(problem, steps, *, every, fragments, delay, alpha, inner_lr, coords,
               compress=None, finish_at=(), outer=(0.7, 0.9, True), phase="start"):
     """Streaming DiLoCo's iterates: ``coords[p]`` are fragment p's coordinates.
@@ -122,8 +100,8 @@ def reference(problem, steps, *, every, fragments, delay, alpha, inner_lr, coord
                for p in range(P)]
     X = np.zeros((n, d))
     phi = np.zeros(d)  # the global parameters: the same on every agent
-    inner = HeavyBall(inner_lr, 0.5)
-    outers = [HeavyBall(*outer) for _ in range(P)]
+    inner = oc.HeavyBall(inner_lr, 0.5)
+    outers = [oc.HeavyBall(*outer) for _ in range(P)]
     residual = [np.zeros((n, len(c))) for c in coords]
     flight = {}  # fragment -> (the step its mean arrives, the mean)
 
@@ -135,7 +113,7 @@ def reference(problem, steps, *, every, fragments, delay, alpha, inner_lr, coord
     out = []
     for k in range(steps):
         t = k + 1
-        X = X + inner(grads(problem, X))
+        X = X + inner(oc.local_gradients(problem, X))
         for p, c in enumerate(coords):
             if p in flight and flight[p][0] == t:
                 arrive(p, flight.pop(p)[1])

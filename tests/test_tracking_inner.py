@@ -21,20 +21,10 @@ pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical, pytest.mark.usef
 N = 4
 
 
-@pytest.fixture(scope="module")
-def problem():
-    return oc.least_squares(N)
-
-
 def path(optimizer, problem, steps, topology):
     """Every agent's iterate after each step, (n, steps, d), simulated."""
     agent = oc.train(optimizer, problem, N, steps, every_step=True)
     return np.asarray(jax.jit(jf.simulate(agent, topology))(problem.A, problem.B))
-
-
-def grads(problem, X):
-    return np.stack([a.T @ (a @ x - b) + problem.ridge / N * x
-                     for a, b, x in zip(problem.A, problem.B, X)])
 
 
 class Adam:
@@ -60,7 +50,7 @@ def reference(problem, steps, topology, inner):
     out = []
     for k in range(steps):
         W = topology.at(k).weights if isinstance(topology, T.Schedule) else topology.weights
-        g = grads(problem, X)
+        g = oc.local_gradients(problem, X)
         Y = W @ (Y + g - G)
         G = g
         X = W @ (X + inner(Y))

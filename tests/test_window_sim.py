@@ -13,13 +13,7 @@ import jaxfog.topology as T
 from jaxfog.ops import window as W
 from window_cases import agent_sequence, model_outputs, random_sequence
 
-pytestmark = pytest.mark.jax_internals
-
-
-@pytest.fixture(autouse=True)
-def _x64():
-    with jax.enable_x64(True):
-        yield
+pytestmark = [pytest.mark.jax_internals, pytest.mark.usefixtures("x64")]
 
 
 def _graphs(n):
