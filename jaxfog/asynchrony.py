@@ -152,10 +152,10 @@ def from_optax(optimizer: optax.GradientTransformation, *,
     V.function(what, "finish", finish)
     jf_optax.check_chain(optimizer)
 
-    def init(params):
+    def init(params: Tree) -> OptaxState:
         return OptaxState(params, optimizer.init(params), jnp.zeros([], jnp.int32))
 
-    def local(state, grad_fn):
+    def local(state: OptaxState, grad_fn: GradFn) -> OptaxState:
         grads = grad_fn(state.params, state.iteration)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         return OptaxState(optax.apply_updates(state.params, updates), opt_state,
@@ -171,7 +171,7 @@ def _finish_of(optimizer: optax.GradientTransformation) -> Callable[[Any], Any]:
     if not callable(getattr(optimizer, "finish", None)):
         return lambda state: state
 
-    def finish(state):
+    def finish(state: OptaxState) -> OptaxState:
         updates, opt_state = optimizer.finish(state.opt_state, state.params)
         return state._replace(params=optax.apply_updates(state.params, updates),
                               opt_state=opt_state)
@@ -195,7 +195,7 @@ def async_push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.p
     the exact average) and ``params`` is ``numerator / weight``."""
     _check_trainer("jaxfog.asynchrony.async_push_sum", inner, name, topology)
 
-    def finish(state):
+    def finish(state: OptaxState) -> OptaxState:
         barrier()  # every push has landed
         opt = state.opt_state
         x, p = W.win_update_then_collect((opt.numerator, opt.weight), name)
@@ -308,7 +308,7 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
     seed = V.integer("jaxfog.asynchrony.adpsgd", "seed", seed)
     held: dict[str, Any] = {}
 
-    def init(params):
+    def init(params: Tree) -> ADPSGDState:
         graph = _graph(topology, "adpsgd")
         table, count = _neighbors(graph)
         held.update(table=table, count=count, shape=jax.tree.map(
@@ -323,28 +323,29 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
         row = _agent.rank_row(held["table"])  # numpy where the rank is concrete
         return row[pick(seed, runtime.rank(), iteration, _agent.rank_row(held["count"]))]
 
-    def local(x, opt_state, iteration, grad_fn):
+    def local(x: Tree, opt_state: optax.OptState, iteration: jax.Array,
+              grad_fn: GradFn) -> tuple[optax.Updates, optax.OptState, jax.Array]:
         grads = grad_fn(x, iteration)
         return (*inner.update(grads, opt_state, x), iteration + 1)
 
     local_step = _agent.StepFunction(local, static_argnums=3)
 
-    def step(state, grad_fn):
+    def step(state: ADPSGDState, grad_fn: GradFn) -> ADPSGDState:
         x = _agent.value_read(name)
         u, opt_state, iteration = local_step(x, state.opt_state, state.iteration, grad_fn)
         _agent.pair_average(name, peer(state.iteration))
         _agent.value_add(name, u)
         return ADPSGDState(opt_state, iteration)
 
-    def params(state):
+    def params(state: ADPSGDState) -> Tree:
         return _agent.value_read(name)
 
-    def compile_step(state, grad_fn):
+    def compile_step(state: ADPSGDState, grad_fn: GradFn) -> None:
         x = _zeros(held["shape"])
         local_step.compile(x, state.opt_state, state.iteration, grad_fn)
         _agent.value_compile(name)
 
-    def free():
+    def free() -> None:
         local_step.reset()
         W.win_free(name)
 
@@ -404,7 +405,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
     models, counters = name + ".x", name + ".k"
     held: dict[str, Any] = {}
 
-    def init(params):
+    def init(params: Tree) -> HopState:
         graph = _graph(topology, "hop")
         n = graph.size
         ins = (graph.weights != 0) & ~np.eye(n, dtype=bool)
@@ -443,7 +444,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
 
     ready_step = _agent.StepFunction(lambda k: admissible(read_counters(), k)[0])
 
-    def ready(state):
+    def ready(state: HopState) -> jax.Array:
         return ready_step(state.iteration)
 
     def weights(fresh):
@@ -465,7 +466,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
             x = jax.tree.map(lambda a, b: a + b * w.astype(b.dtype), x, y)
         return x
 
-    def local(state, grad_fn):
+    def local(state: HopState, grad_fn: GradFn) -> HopState:
         seen = read_counters()
         x = combine(state.sent, admissible(seen, state.iteration)[1])
         grads = grad_fn(x, state.iteration)
@@ -481,11 +482,11 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
 
     step = _agent.StepFunction(local, static_argnums=1)
 
-    def compile_step(state, grad_fn):
+    def compile_step(state: HopState, grad_fn: GradFn) -> None:
         ready_step.compile(state.iteration)
         step.compile(state, grad_fn)
 
-    def free():
+    def free() -> None:
         ready_step.reset()
         step.reset()
         W.win_free(models)

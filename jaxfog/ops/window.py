@@ -58,6 +58,7 @@ from __future__ import annotations
 from typing import Any, ContextManager, Mapping, Sequence
 
 import jax
+import numpy as np
 
 from jaxfog.ops import _args, _backends, nonblocking
 from jaxfog.ops._backends import Op, mpi_windows
@@ -134,7 +135,8 @@ def win_put(x: Any, name: str, *, self_weight: float | None = None,
     return _put(x, name, self_weight, dst_weights, require_mutex, accumulate=False)
 
 
-def win_accumulate(x: Any, name: str, *, self_weight: float | None = None,
+def win_accumulate(x: Any, name: str, *,
+                   self_weight: float | np.ndarray | jax.Array | None = None,
                    dst_weights: Weights | None = None, require_mutex: bool = False) -> Any:
     """Adds ``w_k * x`` onto my slot on each destination ``k`` (MPI_Accumulate,
     SUM); as :func:`win_put` otherwise, but the versions are untouched.

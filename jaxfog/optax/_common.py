@@ -49,7 +49,7 @@ def mixes_parameters(make: Callable) -> Callable:
         init = transformation.init
 
         @functools.wraps(init)
-        def probed_init(params):
+        def probed_init(params: optax.Params) -> optax.OptState:
             return _Mixing(make.__name__) if _PROBING.get() else init(params)
 
         return transformation._replace(init=probed_init)

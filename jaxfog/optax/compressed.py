@@ -15,7 +15,7 @@ uses the step's weights. The price is the union graph's bandwidth.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -107,22 +107,25 @@ def choco(inner: optax.GradientTransformation, *, compressor: C.Compressor, gamm
     V.transformation("jaxfog.optax.choco", "inner", inner)
     V.topology("jaxfog.optax.choco", topology)
 
-    def init(params):
+    def init(params: optax.Params) -> ChocoState:
         plan = G.layout(topology, compressor, params, groups)
+        links = cast(G.Links, plan.links)  # layout() with neighbors=True: never None
         key = G.agent_key(seed)
         parts = C.merge(params, plan.groups)
-        return ChocoState(inner.init(params), G.copies(compressor, parts, G.degree(plan.links)),
+        return ChocoState(inner.init(params), G.copies(compressor, parts, G.degree(links)),
                           key, jnp.zeros([], jnp.int32))
 
-    def update(grads, state, params=None, **extra):
+    def update(grads: optax.Updates, state: ChocoState, params: optax.Params | None = None,
+               **extra: Any) -> tuple[optax.Updates, ChocoState]:
         need_params("choco", params)
         plan = G.layout(topology, compressor, params, groups)
-        G.check_degree("choco", state.public, plan.links)
+        links = cast(G.Links, plan.links)  # layout() with neighbors=True: never None
+        G.check_degree("choco", state.public, links)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         half = C.merge(optax.apply_updates(params, u), plan.groups)
         mine = G.compress(compressor, half, state.public, G.step_key(state.key, state.count))
-        public = G.receive(compressor, state.public, mine, G.exchange(plan.links, mine))
-        weights = G.row(plan.links, state.count)
+        public = G.receive(compressor, state.public, mine, G.exchange(links, mine))
+        weights = G.row(links, state.count)
         new = [x + gamma * m for x, m in zip(half, G.mixing(public, weights))]
         x = C.split(new, params, plan.groups)
         return (jax.tree.map(lambda a, b: a - b, x, params),
@@ -200,20 +203,23 @@ def beer(learning_rate: float | optax.Schedule, *, compressor: C.Compressor, gam
     V.topology("jaxfog.optax.beer", topology)
     learning_rate = V.learning_rate("jaxfog.optax.beer", learning_rate)
 
-    def init(params):
+    def init(params: optax.Params) -> BeerState:
         plan = G.layout(topology, compressor, params, groups)
+        links = cast(G.Links, plan.links)  # layout() with neighbors=True: never None
         key = G.agent_key(seed)
         parts = C.merge(params, plan.groups)
-        k = G.degree(plan.links)
+        k = G.degree(links)
         zeros = [jnp.zeros_like(p) for p in parts]
         return BeerState(zeros, zeros, G.copies(compressor, parts, k),
                          G.copies(compressor, parts, k), key, jnp.zeros([], jnp.int32))
 
-    def update(grads, state, params=None, **extra):
+    def update(grads: optax.Updates, state: BeerState, params: optax.Params | None = None,
+               **extra: Any) -> tuple[optax.Updates, BeerState]:
         need_params("beer", params)
         plan = G.layout(topology, compressor, params, groups)
-        G.check_degree("beer", state.public_x, plan.links)
-        groups_, weights = plan.groups, G.row(plan.links, state.count)
+        links = cast(G.Links, plan.links)  # layout() with neighbors=True: never None
+        G.check_degree("beer", state.public_x, links)
+        groups_, weights = plan.groups, G.row(links, state.count)
         g = C.merge(grads, groups_)
         v = [t + gamma * m + a - b for t, m, a, b in
              zip(state.tracker, G.mixing(state.public_v, weights), g, state.prev_grads)]
@@ -224,7 +230,7 @@ def beer(learning_rate: float | optax.Schedule, *, compressor: C.Compressor, gam
         key = G.step_key(state.key, state.count)
         mine_x = G.compress(compressor, x_new, state.public_x, key)
         mine_v = G.compress(compressor, v, state.public_v, jax.random.fold_in(key, 1 << 20))
-        theirs = G.exchange(plan.links, mine_x + mine_v)
+        theirs = G.exchange(links, mine_x + mine_v)
         n = len(mine_x)
         public_x = G.receive(compressor, state.public_x, mine_x, theirs[:n])
         public_v = G.receive(compressor, state.public_v, mine_v, theirs[n:])

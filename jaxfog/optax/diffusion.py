@@ -4,7 +4,7 @@ gradient average they are measured against (:func:`gradient_allreduce`)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -112,7 +112,8 @@ class _Update:
 
     def __init__(self, what: str, step: Callable,
                  finish: Callable[[Any, Tree], tuple[Tree, Any]] | None = None):
-        def nothing_in_flight(state, params):
+        def nothing_in_flight(state: optax.OptState,
+                              params: optax.Params) -> tuple[optax.Updates, optax.OptState]:
             need_params(what, params)
             return jax.tree.map(jnp.zeros_like, params), state
 
@@ -129,12 +130,14 @@ def _delayed(what: str, inner: optax.GradientTransformation, topology: Any,
     """awc (``mix_params``: mix x) or atc (mix x + u) with each mix applied
     ``delay`` steps after its exchange started."""
 
-    def init(params):
+    def init(params: optax.Params) -> DelayedDiffusionState:
         return DelayedDiffusionState(
             inner.init(params), jnp.zeros([], jnp.int32),
             delayed_init(params, delay, topology, communication, what))
 
-    def update(grads, state, params=None, **extra):
+    def update(grads: optax.Updates, state: DelayedDiffusionState,
+               params: optax.Params | None = None,
+               **extra: Any) -> tuple[optax.Updates, DelayedDiffusionState]:
         need_params(what, params)
         if mix_params:  # started first: the exchange of x overlaps the inner update
             mixed, in_flight = delayed_mix(params, state.in_flight, topology, state.count,
@@ -148,7 +151,8 @@ def _delayed(what: str, inner: optax.GradientTransformation, topology: Any,
             updates = sub(mixed, params)
         return updates, DelayedDiffusionState(inner_state, state.count + 1, in_flight)
 
-    def finish(state, params):
+    def finish(state: DelayedDiffusionState,
+               params: optax.Params) -> tuple[optax.Updates, DelayedDiffusionState]:
         need_params(what, params)
         merged, in_flight = delayed_finish(params, state.in_flight)
         return sub(merged, params), state._replace(in_flight=in_flight)
@@ -302,7 +306,7 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
                              "within the step; delay= already moves it across steps")
         return _delayed("atc", inner, topology, communication, delay, mix_params=False)
 
-    def init(params):
+    def init(params: optax.Params) -> DiffusionState:
         return DiffusionState(inner.init(params), jnp.zeros([], jnp.int32))
 
     def mix(tree, count):
@@ -315,7 +319,8 @@ def atc(inner: optax.GradientTransformation, *, topology: Any = None,
                                    "atc")
         return jax.tree.unflatten(treedef, mixed)
 
-    def update(grads, state, params=None, **extra):
+    def update(grads: optax.Updates, state: DiffusionState, params: optax.Params | None = None,
+               **extra: Any) -> tuple[optax.Updates, DiffusionState]:
         need_params("atc", params)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         mixed = mix(optax.apply_updates(params, u), state.count)
@@ -442,10 +447,11 @@ def awc(inner: optax.GradientTransformation, *, topology: Any = None,
         return _compressed_awc(inner, topology, G.check_compressor("awc", compressor),
                                G.check_gamma("awc", gamma), groups, seed)
 
-    def init(params):
+    def init(params: optax.Params) -> DiffusionState:
         return DiffusionState(inner.init(params), jnp.zeros([], jnp.int32))
 
-    def update(grads, state, params=None, **extra):
+    def update(grads: optax.Updates, state: DiffusionState, params: optax.Params | None = None,
+               **extra: Any) -> tuple[optax.Updates, DiffusionState]:
         need_params("awc", params)
         mixed = communicate(params, topology, state.count, communication, global_every,
                              "awc")
@@ -460,15 +466,17 @@ def _compressed_awc(inner: optax.GradientTransformation, topology: Any,
                     compressor: C.Compressor, gamma: float, groups: Any,
                     seed: int) -> Diffusion:
 
-    def init(params):
+    def init(params: optax.Params) -> ErrorFeedbackState:
         plan = G.layout(topology, compressor, params, groups)
         return G.feedback_init(plan.groups, params, inner.init(params), seed)
 
-    def update(grads, state, params=None, **extra):
+    def update(grads: optax.Updates, state: ErrorFeedbackState, params: optax.Params | None = None,
+               **extra: Any) -> tuple[optax.Updates, ErrorFeedbackState]:
         need_params("awc", params)
         plan = G.layout(topology, compressor, params, groups)
+        links = cast(G.Links, plan.links)  # layout() with neighbors=True: never None
         payloads, residual = G.feedback(compressor, plan.groups, params, state)
-        mix = C.split(G.neighbor_mix(compressor, plan.links, payloads, state.count),
+        mix = C.split(G.neighbor_mix(compressor, links, payloads, state.count),
                       params, plan.groups)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         return (jax.tree.map(lambda m, d: gamma * m + d, mix, u),
@@ -536,7 +544,8 @@ def gradient_allreduce(inner: optax.GradientTransformation, *,
     """
     V.transformation("jaxfog.optax.gradient_allreduce", "inner", inner)
     if compressor is None:
-        def update(grads, state, params=None, **extra):
+        def update(grads: optax.Updates, state: optax.OptState, params: optax.Params | None = None,
+                   **extra: Any) -> tuple[optax.Updates, optax.OptState]:
             return inner.update(allreduce(grads), state, params, **extra)
 
         return optax.GradientTransformationExtraArgs(inner.init, update)
@@ -544,11 +553,13 @@ def gradient_allreduce(inner: optax.GradientTransformation, *,
     G.check_compressor("gradient_allreduce", compressor)
     G.check_options("gradient_allreduce", groups, seed)
 
-    def init(params):
+    def init(params: optax.Params) -> ErrorFeedbackState:
         plan = G.layout(None, compressor, params, groups, neighbors=False)
         return G.feedback_init(plan.groups, params, inner.init(params), seed)
 
-    def update_compressed(grads, state, params=None, **extra):
+    def update_compressed(grads: optax.Updates, state: ErrorFeedbackState,
+                          params: optax.Params | None = None,
+                          **extra: Any) -> tuple[optax.Updates, ErrorFeedbackState]:
         plan = G.layout(None, compressor, grads, groups, neighbors=False)
         payloads, residual = G.feedback(compressor, plan.groups, grads, state)
         mean = C.split(G.mean_of_all(compressor, payloads), grads, plan.groups)

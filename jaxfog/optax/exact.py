@@ -137,11 +137,12 @@ def gradient_tracking(learning_rate: float | optax.Schedule | optax.GradientTran
             lr = V.step_size(learning_rate, state.count)
             return jax.tree.map(lambda t: -lr * t, y), state.inner
 
-    def init(params):
+    def init(params: optax.Params) -> TrackingState:
         zeros = jax.tree.map(jnp.zeros_like, params)
         return TrackingState(zeros, zeros, jnp.zeros([], jnp.int32), init_inner(params))
 
-    def update(grads, state, params=None, **extra):
+    def update(grads: optax.Updates, state: TrackingState, params: optax.Params | None = None,
+               **extra: Any) -> tuple[optax.Updates, TrackingState]:
         need_params("gradient_tracking", params)
         y = average(jax.tree.map(lambda y, g, h: y + g - h, state.tracker, grads,
                                   state.prev_grads), topology, state.count, "gradient_tracking")
@@ -217,10 +218,11 @@ def exact_diffusion(learning_rate: float | optax.Schedule, *, topology: Any = No
     """
     learning_rate = V.learning_rate("jaxfog.optax.exact_diffusion", learning_rate)
     V.topology("jaxfog.optax.exact_diffusion", topology)
-    def init(params):
+    def init(params: optax.Params) -> ExactDiffusionState:
         return ExactDiffusionState(params, jnp.zeros([], jnp.int32))
 
-    def update(grads, state, params=None, **extra):
+    def update(grads: optax.Updates, state: ExactDiffusionState, params: optax.Params | None = None,
+               **extra: Any) -> tuple[optax.Updates, ExactDiffusionState]:
         need_params("exact_diffusion", params)
         first = state.count == 0
         lr = V.step_size(learning_rate, state.count)

@@ -217,10 +217,11 @@ def local_sgd(inner: optax.GradientTransformation, *, every: int,
     every = _check_common("local_sgd", inner, every, communication, topology, period, seed)
     mix = _mixer(communication, topology, period, seed, "local_sgd")
 
-    def init(params):
+    def init(params: optax.Params) -> LocalSGDState:
         return LocalSGDState(inner.init(params), jnp.zeros([], jnp.int32))
 
-    def update(grads, state, params=None, **extra):
+    def update(grads: optax.Updates, state: LocalSGDState, params: optax.Params | None = None,
+               **extra: Any) -> tuple[optax.Updates, LocalSGDState]:
         need_params("local_sgd", params)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         sync, t = _rounds(state.count, every)
@@ -377,8 +378,8 @@ def diloco(inner: optax.GradientTransformation,
                          "of a compressor; without a compressor there is none")
     mix = _mixer(communication, topology, period, seed, "diloco")
 
-    def init(params):
-        residual = ()
+    def init(params: optax.Params) -> DiLoCoState:
+        residual: tuple[()] | list[jax.Array] = ()
         if compressor is not None:
             plan = G.layout(None, compressor, params, groups, neighbors=False)
             residual = [jnp.zeros_like(p) for p in C.merge(params, plan.groups)]
@@ -400,7 +401,8 @@ def diloco(inner: optax.GradientTransformation,
         anchor, delta = mix((anchor, delta), t)
         return anchor, delta, residual
 
-    def update(grads, state, params=None, **extra):
+    def update(grads: optax.Updates, state: DiLoCoState, params: optax.Params | None = None,
+               **extra: Any) -> tuple[optax.Updates, DiLoCoState]:
         need_params("diloco", params)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         theta = optax.apply_updates(params, u)
@@ -537,11 +539,12 @@ def noloco(inner: optax.GradientTransformation, *, every: int,
     gamma = None if folded else V.real("jaxfog.optax.noloco", "gamma", gamma, low=0.0)
     mix = _mixer(communication, topology, period, seed, "noloco")
 
-    def init(params):
+    def init(params: optax.Params) -> NoLoCoState:
         return NoLoCoState(inner.init(params), params, jax.tree.map(jnp.zeros_like, params),
                            jnp.zeros([], jnp.int32))
 
-    def update(grads, state, params=None, **extra):
+    def update(grads: optax.Updates, state: NoLoCoState, params: optax.Params | None = None,
+               **extra: Any) -> tuple[optax.Updates, NoLoCoState]:
         need_params("noloco", params)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         theta = optax.apply_updates(params, u)

@@ -154,11 +154,12 @@ def push_sum(inner: optax.GradientTransformation, *, topology: Any = None
     V.transformation("jaxfog.optax.push_sum", "inner", inner)
     V.topology("jaxfog.optax.push_sum", topology)
 
-    def init(params):
+    def init(params: optax.Params) -> PushSumState:
         return PushSumState(inner.init(params), params, _unit_weight(),
                             jnp.zeros([], jnp.int32))
 
-    def update(grads, state, params=None, **extra):
+    def update(grads: optax.Updates, state: PushSumState, params: optax.Params | None = None,
+               **extra: Any) -> tuple[optax.Updates, PushSumState]:
         need_params("push_sum", params)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         numerator = optax.apply_updates(state.numerator, u)
@@ -285,7 +286,7 @@ def async_push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.p
                             f"{type(graph).__name__}")
         return graph
 
-    def init(params):
+    def init(params: optax.Params) -> AsyncPushSumState:
         n = graph().size
         numerator = jax.tree.map(lambda v: jnp.asarray(v, mass_dtype(jnp.result_type(v))),
                                  params)
@@ -294,7 +295,8 @@ def async_push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.p
                    src_ranks=None if topology is None else range(n))
         return AsyncPushSumState(inner.init(params), numerator, weight)
 
-    def update(grads, state, params=None, **extra):
+    def update(grads: optax.Updates, state: AsyncPushSumState, params: optax.Params | None = None,
+               **extra: Any) -> tuple[optax.Updates, AsyncPushSumState]:
         need_params("async_push_sum", params)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         p = state.weight
@@ -392,12 +394,13 @@ def push_diging(learning_rate: float | optax.Schedule, *, topology: Any = None
     """
     learning_rate = V.learning_rate("jaxfog.optax.push_diging", learning_rate)
     V.topology("jaxfog.optax.push_diging", topology)
-    def init(params):
+    def init(params: optax.Params) -> PushDigingState:
         zeros = jax.tree.map(jnp.zeros_like, params)
         return PushDigingState(params, _unit_weight(), zeros, zeros,
                                jnp.zeros([], jnp.int32))
 
-    def update(grads, state, params=None, **extra):
+    def update(grads: optax.Updates, state: PushDigingState, params: optax.Params | None = None,
+               **extra: Any) -> tuple[optax.Updates, PushDigingState]:
         need_params("push_diging", params)
         push = _push_topology(topology)
         y = average(jax.tree.map(lambda y, g, h: y + g - h, state.tracker, grads,
