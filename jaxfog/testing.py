@@ -144,6 +144,14 @@ def _kill_launch(process: subprocess.Popen, marker: str) -> None:
             continue
 
 
+def beside(file: str | os.PathLike, env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the folder of ``file`` first on ``PYTHONPATH``: the ranks
+    that run a test's bodies import the helper modules beside it."""
+    folder = str(Path(file).resolve().parent)
+    return {**env, "PYTHONPATH": os.pathsep.join(
+        [folder, *filter(None, [env.get("PYTHONPATH")])])}
+
+
 def run_mpi(nprocs: int, file: str | os.PathLike, function: str | Sequence[str], *,
             timeout: float = 120, env: Mapping[str, str] | None = None,
             stop: Callable[[], bool] | None = None) -> MpiResult:
@@ -156,11 +164,7 @@ def run_mpi(nprocs: int, file: str | os.PathLike, function: str | Sequence[str],
     the GPU check runs the multi-rank suite on GPU arrays).
     """
     functions = [function] if isinstance(function, str) else list(function)
-    full_env = launch_environment(env)
-    # The test's helpers sit beside it: its folder first on the ranks' path.
-    folder = str(Path(file).resolve().parent)
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        [folder, *filter(None, [full_env.get("PYTHONPATH")])])
+    full_env = beside(file, launch_environment(env))
     command = _launcher.build_command(
         [sys.executable, "-m", "jaxfog.testing", str(Path(file).resolve()), *functions],
         nprocs, env=full_env)
@@ -301,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         _between_functions(environ, x64)
 
 
-__all__ = ["MpiResult", "launch_environment", "load_module", "main", "platforms",
+__all__ = ["MpiResult", "beside", "launch_environment", "load_module", "main", "platforms",
            "run_command", "run_mpi"]
 
 

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import pytest
 
-from jaxfog.testing import MpiResult, launch_environment, load_module, run_command
+from jaxfog.testing import MpiResult, beside, launch_environment, load_module, run_command
 
 netns_cluster = load_module(Path(__file__).resolve().parents[1] / "scripts" / "netns_cluster.py")
 
@@ -69,7 +69,9 @@ def launch(cluster, np: int, command: Sequence[str], *, timeout: float, slots: i
                        timeout=timeout, env=cluster.environment(launch_environment(env)))
 
 
-def body(cluster, np: int, file: str, function: str, **options) -> MpiResult:
+def body(cluster, np: int, file: str, function: str, *, env: Mapping[str, str] | None = None,
+         **options) -> MpiResult:
     """Runs test body ``function`` of ``file`` (as ``@mpi_test`` would) on the cluster."""
     return launch(cluster, np, [sys.executable, "-m", "jaxfog.testing",
-                                str(Path(file).resolve()), function], **options)
+                                str(Path(file).resolve()), function],
+                  env=beside(file, launch_environment(env)), **options)
