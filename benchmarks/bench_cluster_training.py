@@ -154,10 +154,17 @@ def _write_rank(args, agents, results: dict) -> None:
 
 def lm_rank_main(args) -> None:
     import jaxfog as jf
-    lm = example("train_lm")
 
     agents = jf.Agents(simulated=4) if args.simulate else jf.Agents()
     size, data, model, runs = lm_setup(args, agents.size)
+    _write_rank(args, agents, train_lm_runs(agents, runs, data, size, model, args))
+
+
+def train_lm_runs(agents, runs, data, size, model, args, *, curves: bool = False) -> dict:
+    """train_lm.train for each method (to ``args.target``), its rows with the
+    model's bytes per step; the root prints each end (and, with ``curves``,
+    each evaluation)."""
+    lm = example("train_lm")
     results = {}
     for method in runs:
         rows = lm.train(agents, method, data, size, model, steps=size.steps, seed=0,
@@ -170,7 +177,10 @@ def lm_rank_main(args) -> None:
             last = rows[-1]
             print(f"{method.label}: {last['val_bpb']:.3f} bpb after {last['step']} steps,"
                   f" {last['wall_time']:.1f} s", flush=True)
-    _write_rank(args, agents, results)
+            if curves:
+                print("  " + " ".join(f"{row['step']}:{row['val_bpb']:.3f}" for row in rows),
+                      flush=True)
+    return results
 
 
 #: Per model: the metric, whether it must rise to the target, the steps key.

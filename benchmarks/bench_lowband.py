@@ -117,21 +117,8 @@ def rank_main(args) -> None:
     n, shape = agents.size, size(args)
     data = lm.corpus(n, shape, data_mb=shape.data_mb, iid=args.iid, seed=0)
     model = nnx.split(lm.make_model(shape, 0), nnx.Param)
-    results = {}
-    for method in methods(n, args.methods.split(","), shape.steps):
-        rows = lm.train(agents, method, data, shape, model, steps=shape.steps, seed=0,
-                        straggler=1.0, message_time=0.0, progress=False, dtype="float32",
-                        target=args.target, wire_bytes=cluster._wire_bytes(args))
-        for row in rows:
-            row["bytes_per_step"] = method.bytes_per_round(model[1]) / method.every
-        results[method.label] = rows
-        if agents.is_root:
-            last = rows[-1]
-            print(f"{method.label}: {last['val_bpb']:.3f} bpb after {last['step']} steps,"
-                  f" {last['wall_time']:.1f} s", flush=True)
-            if args.simulate:
-                print("  " + " ".join(f"{row['step']}:{row['val_bpb']:.3f}" for row in rows),
-                      flush=True)
+    results = cluster.train_lm_runs(agents, methods(n, args.methods.split(","), shape.steps),
+                                    data, shape, model, args, curves=args.simulate)
     if args.simulate:
         return
     Path(args.rank_out, f"rank{jf.rank()}.json").write_text(json.dumps(results))
