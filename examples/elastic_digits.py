@@ -19,10 +19,12 @@ exact_diffusion, push_sum, choco, diloco, streaming_diloco, noloco, awc_delay),
 or the simulation, writes the final parameters of every agent and the test
 accuracy), ``--kill RANK:STEP:LIFE,...`` (that rank kills itself at that step
 in that life of the job, 0 the first, counting launches and recoveries in
-place: the tests of lost ranks), ``--pace SECONDS`` (each step lasts at least
+place: the tests of lost ranks), ``--join STEP[:HOST]`` (in place, under ULFM:
+rank 0 asks at that step for one more rank, on that host, which joins at the
+next snapshot step), ``--pace SECONDS`` (each step lasts at least
 that long: a slower model, to watch a run or kill a host in it), ``--log FILE``
 (rank 0 appends ``time step life accuracy`` at every snapshot step and at the
-first step done after a resume, its own model's test accuracy:
+first step done after a resume or a join, its own model's test accuracy:
 benchmarks/bench_elastic.py times runs with it).
 """
 
@@ -91,7 +93,7 @@ def data(n: int):
 
 def main(simulated: int = 4, method: str = "atc", steps: int = 60, every: int = 10,
          out: str | None = None, kill: str | None = None, directory: str | None = None,
-         pace: float = 0.0, log: str | None = None):
+         pace: float = 0.0, log: str | None = None, join: str | None = None):
     agents = jf.Agents(simulated=simulated)
     n = agents.size
     optimizer = optimizer_for(method, n)
@@ -120,7 +122,10 @@ def main(simulated: int = 4, method: str = "atc", steps: int = 60, every: int = 
     life = launch + len(je.recoveries())
     kills = {tuple(map(int, k.split(":")[::2])): int(k.split(":")[1])
              for k in (kill.split(",") if kill else [])}   # (rank, life) -> step
+    join_step, _, join_host = (join or "").partition(":")
     for step in state.steps(steps):
+        if join and not agents.simulated and agents.is_root and step == int(join_step):
+            je.request_join(1, [join_host] if join_host else None)  # joins at the next snapshot
         if not agents.simulated and kills.get((jf.rank(), life)) == step:
             # The last snapshot on disk and the steps before this one done: where
             # the run resumes is known (at the snapshot, or in place at this step).
@@ -133,7 +138,8 @@ def main(simulated: int = 4, method: str = "atc", steps: int = 60, every: int = 
             jax.block_until_ready(loss)
             time.sleep(pace)
         if log and agents.is_root and (state.step % every == 0
-                                       or step == state.resumed.step and life):
+                                       or step == state.resumed.step and (
+                                           life or je.joins())):
             mine = jax.tree.map(lambda p: p[0], state.params) if agents.simulated else state.params
             hits = float((model.apply(mine, test_x).argmax(-1) == test_y).mean())
             with open(log, "a") as f:
@@ -163,8 +169,10 @@ if __name__ == "__main__":
     parser.add_argument("--directory")
     parser.add_argument("--pace", type=float, default=0.0)
     parser.add_argument("--log")
+    parser.add_argument("--join")
     args = parser.parse_args()
     # In place under ULFM (a failed rank's survivors run main again, resumed),
     # else main once.
     je.run(lambda n: main(args.agents, args.method, args.steps, args.every, args.out,
-                          args.kill, args.directory, args.pace, args.log), max_failures=3)
+                          args.kill, args.directory, args.pace, args.log, args.join),
+           max_failures=3)

@@ -103,6 +103,7 @@ RESCALE_EXIT_STATUS = 75
 DEFAULT_EVERY = 50
 
 _COPY_TAG = 7
+_JOIN_TAG = 8
 _FILE = re.compile(r"^member(\d+)\.step(\d+)\.npz$")
 _WHAT = "jaxfog.elastic.State"
 
@@ -399,6 +400,7 @@ class State:
             self._resume()
         if _in_place is not None:
             _in_place.state = self
+            _in_place.next_member = max(_in_place.next_member, *self.resumed.members) + 1
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_") or name in self._names or name in ("every", "version",
@@ -548,25 +550,28 @@ class State:
     # -- in place, under ULFM (see run) --
 
     def _resume_in_place(self, resume: "_Resume") -> None:
+        # A newcomer runs the job's program too: its state must be the job's.
+        self._check_same(self._comm(), _signature(self._fresh, self.version))
         rank = runtime.rank()
         self.step, self.member = resume.step, resume.members[rank]
         self._here = _host_directory(self.directory, socket.gethostname())
         self._restore(resume.arrays, True)
-        self.resumed = Resumed(resume.step, tuple(resume.members), {}, True)
+        self.resumed = Resumed(resume.step, tuple(resume.members), dict(resume.copied), True)
 
     def _keep_for_recovery(self, keep: int) -> None:
         """Keeps the state before this step (references: JAX arrays are
-        immutable) and the last ``keep - 1`` before it, and waits for the
-        second oldest kept: dispatch runs at most ``keep - 1`` steps ahead, so
-        when a failed step's outputs raise here, the state before that step
-        is still kept, and complete."""
+        immutable) and the last ``keep - 1`` before it, and waits for the one
+        before the previous step: one step runs while this one is dispatched,
+        so the newest complete state is at most one step old, and the
+        ``keep - 1`` before it are kept too. When a failure shows, survivors
+        may stand at different steps (one whose step did not need the dead
+        rank went on): they find a state in common while they stand within
+        ``keep - 2`` steps of each other."""
+        if self._history:  # before keeping this one: if it raises, the older ones are kept
+            jax.block_until_ready(self._history[max(self._history)])
         self._history[self.step] = self.values
-        kept = sorted(self._history)
-        for old in kept[:-keep]:
+        for old in sorted(self._history)[:-keep]:
             del self._history[old]
-        kept = kept[-keep:]
-        if len(kept) > 1:
-            jax.block_until_ready(self._history[kept[1]])
 
     def _ready_steps(self) -> list[int]:
         """The steps whose kept state is complete (a failed step's outputs are
@@ -602,7 +607,14 @@ class State:
                 continue
             if self.step % self.every == 0 or self.step == total:
                 self._snapshot()
-                if control and self._rescale_requested(control) and self.step < total:
+                if self.step == total:
+                    continue
+                if _in_place is not None:
+                    joining = self._joins_requested(control)
+                    if joining:
+                        _grow(_in_place, self.step, joining)
+                        raise MembershipChange(self.step)  # run() runs the program again
+                elif control and self._rescale_requested(control):
                     self._writer.wait()
                     runtime.shutdown()
                     raise SystemExit(RESCALE_EXIT_STATUS)
@@ -616,6 +628,21 @@ class State:
         asked = os.path.exists(control) if comm.Get_rank() == 0 else None
         return bool(comm.bcast(asked, root=0))
 
+    def _joins_requested(self, control: str | None) -> list[str]:
+        """The hosts of the ranks asked to join in place (``""``: anywhere), from
+        :func:`request_join` on any rank and ``jaxfog run``'s control file
+        (hosts a line; an empty file asks for a relaunch, which an in-place
+        run does not need); collective."""
+        comm = self._comm()
+        assert _in_place is not None
+        mine, _in_place.requests = _in_place.requests, []
+        if control and (comm is None or comm.Get_rank() == 0) and os.path.exists(control):
+            with open(control) as f:
+                text = f.read()
+            os.remove(control)
+            mine = mine + [host for host, slots in _parse_hosts(text) for _ in range(slots)]
+        return [h for hosts in (comm.allgather(mine) if comm else [mine]) for h in hosts]
+
     def wait(self) -> None:
         """Waits for the snapshot being written (``steps`` does at its end)."""
         self._writer.wait()
@@ -627,6 +654,18 @@ class _Resume(NamedTuple):
     step: int
     arrays: dict  # the state before ``step``, flattened (keystr -> numpy)
     members: list  # member id of each new rank
+    copied: dict = {}  # newcomer rank -> the rank its state came from
+
+
+def _parse_hosts(text: str) -> list[tuple[str, int]]:
+    """``[(host, slots)]`` of ``host[:slots]`` lines (or commas)."""
+    found = []
+    for entry in text.replace(",", "\n").split():
+        host, _, slots = entry.partition(":")
+        if not slots.isdigit() and slots:
+            raise ValueError(f"{_WHAT}: join request {entry!r}: slots must be a number")
+        found.append((host, int(slots or 1)))
+    return found
 
 
 class Recovery(NamedTuple):
@@ -638,6 +677,14 @@ class Recovery(NamedTuple):
     recover_s: float  # seconds from the failed program's error to the resume
 
 
+class Join(NamedTuple):
+    """Ranks joining in place, by :func:`run`."""
+    step: int  # the step the job resumed at with the newcomers (none redone)
+    members: tuple  # each new rank's member id (the newcomers last)
+    copied_from: dict  # newcomer rank -> the rank that sent it its state
+    join_s: float  # seconds from the request seen to the resume (spawn, merge, copy)
+
+
 class _InPlace:
     """What :func:`run` shares with the :class:`State` of the program it runs."""
 
@@ -646,6 +693,35 @@ class _InPlace:
         self.state: State | None = None  # the State of the current run of the program
         self.resume: _Resume | None = None
         self.recoveries: list[Recovery] = []
+        self.joins: list[Join] = []
+        self.requests: list[str] = []  # hosts asked for by request_join, here
+        self.next_member = 0  # the next newcomer's member id
+
+
+def request_join(count: int = 1, hosts: Sequence[str] | None = None) -> None:
+    """Asks for ``count`` more ranks, running this program, to join the job in
+    place at the next snapshot step (a multiple of ``State``'s ``every``),
+    on ``hosts`` (one a rank; default: where the launcher places them), as
+    :func:`run` does for hosts a ``--host-discovery-script`` names. Any rank
+    may ask; each request is counted. Inside :func:`run` under ULFM only:
+    elsewhere hosts join at a relaunch (``jaxfog run --host-discovery-script``)."""
+    count = V.integer("jaxfog.elastic.request_join", "count", count, minimum=1)
+    hosts = list(hosts) if hosts is not None else [""] * count
+    if len(hosts) != count or not all(isinstance(h, str) for h in hosts):
+        raise ValueError(f"jaxfog.elastic.request_join: hosts must be {count} str (one a rank), "
+                         f"got {hosts!r}")
+    if _in_place is None:
+        raise JaxfogError(
+            "jaxfog.elastic.request_join: ranks join in place only inside jaxfog.elastic.run "
+            "under ULFM (`jaxfog run --mpi-args='--with-ft ulfm'`); elsewhere hosts join at "
+            "a relaunch (`jaxfog run --max-restarts R --host-discovery-script S`)")
+    _in_place.requests += hosts
+
+
+def joins() -> tuple[Join, ...]:
+    """The joins in place of the :func:`run` this is called in, oldest first
+    (a newcomer lists the join that brought it)."""
+    return tuple(_in_place.joins) if _in_place is not None else ()
 
 
 def recoveries() -> tuple[Recovery, ...]:
@@ -718,7 +794,8 @@ def _recover(ip: _InPlace, error: BaseException) -> _Resume:
     if not common:
         raise JaxfogError(
             f"jaxfog.elastic.run: the survivors (old ranks {old_ranks}) hold no common step "
-            f"in memory (steps held: {held}); nothing to resume in place from") from error
+            f"in memory (steps held: {held}); nothing to resume in place from (keep more "
+            f"steps than run(..., keep={ip.keep}))") from error
     step = max(common)
     assert state is not None  # this rank's steps (none without a State) hold `step`
     members = [state.resumed.members[r] for r in old_ranks]
@@ -737,6 +814,68 @@ def _recover(ip: _InPlace, error: BaseException) -> _Resume:
     return _Resume(step, arrays, members)
 
 
+def _grow(ip: _InPlace, step: int, hosts: list[str]) -> None:
+    """Adds ranks to the job in place (:func:`jaxfog.runtime.grow`), hands each
+    newcomer the members and the state of the rank below the first one (the
+    live copy), and sets everyone to resume at ``step``."""
+    started = time.monotonic()
+    state = ip.state
+    assert state is not None  # the State that saw the request
+    arrays = _flatten(state.values)  # the state before `step`: no step is redone
+    old_members = list(state.resumed.members)
+    count = len(hosts)
+    old_size = runtime.grow(count, hosts if all(hosts) else None)
+    members = old_members + list(range(ip.next_member, ip.next_member + count))
+    donor = old_size - 1
+    copied = {r: donor for r in range(old_size, runtime.size())}
+    comm, rank = runtime.communicator(), runtime.rank()
+    for newcomer in copied:
+        if rank == 0:
+            comm.send((step, members, copied), dest=newcomer, tag=_JOIN_TAG)
+        if rank == donor:
+            comm.send(arrays, dest=newcomer, tag=_COPY_TAG)
+    record = Join(step, tuple(members), copied, time.monotonic() - started)
+    ip.joins.append(record)
+    if rank == 0:
+        print(f"jaxfog.elastic: {count} rank(s) joined in place at step {step}; "
+              f"{runtime.size()} rank(s) (members {members}, the newcomers' state from rank "
+              f"{donor}; {record.join_s:.2f} s)", flush=True)
+    ip.resume = _Resume(step, arrays, members, copied)
+
+
+def _tell_launcher_hosts() -> None:
+    """Writes the job's hosts (``host:ranks`` a line) beside ``jaxfog run``'s
+    control file, after a change in place, so that it asks for a host that
+    comes back after its rank was lost; collective."""
+    control = os.environ.get(CONTROL_ENV)
+    if not control:
+        return
+    hosts = runtime.communicator().allgather(socket.gethostname())
+    if runtime.rank() == 0:
+        counts = {h: hosts.count(h) for h in dict.fromkeys(hosts)}
+        with open(control + ".hosts.partial", "w") as f:
+            f.write("".join(f"{h}:{n}\n" for h, n in counts.items()))
+        os.replace(control + ".hosts.partial", control + ".hosts")
+
+
+def _tell_launcher_done() -> None:
+    """Rank 0 tells ``jaxfog run`` that the program finished (a file beside its
+    control file): Open MPI's launcher reports a failure when a rank that
+    joined in place died, though the others went on and finished."""
+    control = os.environ.get(CONTROL_ENV)
+    if control and runtime.rank() == 0:
+        open(control + ".done", "w").close()
+
+
+def _arrive(ip: _InPlace) -> _Resume:
+    """A newcomer's side of :func:`_grow`: the step, the members, a live copy."""
+    comm = runtime.communicator()
+    step, members, copied = comm.recv(source=0, tag=_JOIN_TAG)
+    arrays = comm.recv(source=copied[runtime.rank()], tag=_COPY_TAG)
+    ip.joins.append(Join(step, tuple(members), copied, 0.0))
+    return _Resume(step, arrays, members, copied)
+
+
 def run(program: Callable[[int], Any], *, max_failures: int = 1, keep: int = 3) -> Any:
     """Runs ``program(jaxfog.size())``, recovering in place when ranks fail.
 
@@ -747,9 +886,10 @@ def run(program: Callable[[int], Any], *, max_failures: int = 1, keep: int = 3) 
     topology ``exponential(size())``), and runs ``program`` again for the new
     size, without a relaunch: its :class:`State` resumes from memory at the
     newest step whose state every survivor holds (each keeps the state before
-    each of its last ``keep`` steps, as references, and lets dispatch run at
-    most ``keep - 1`` steps ahead, so that the state before a failed step is
-    still held when its failure shows), so the step that failed is redone.
+    each of its last ``keep`` steps, as references, and lets one step run
+    while it dispatches the next, so that the state before a failed step is
+    still held when its failure shows, on survivors up to ``keep - 2`` steps
+    apart), so the step that failed is redone.
     Members keep their ids, and the optimizers' invariants are restored as on
     a restart (:data:`RULES`): the same result as :func:`simulate` with
     ``Change(leave=[...])`` at that step.
@@ -773,17 +913,25 @@ def run(program: Callable[[int], Any], *, max_failures: int = 1, keep: int = 3) 
     max_failures = V.integer("jaxfog.elastic.run", "max_failures", max_failures, minimum=0)
     keep = V.integer("jaxfog.elastic.run", "keep", keep, minimum=2)
     runtime.init()
-    if runtime.size() == 1 or not runtime.fault_tolerant():
+    if not runtime.fault_tolerant():
         return program(runtime.size())
     if _in_place is not None or _churn is not None:
         raise JaxfogError("jaxfog.elastic.run: already running (it does not nest)")
     ip = _in_place = _InPlace(keep)
     failures = 0
     try:
+        if runtime.joined():
+            ip.resume = _arrive(ip)
         while True:
             ip.state = None
+            if ip.resume is not None:
+                _tell_launcher_hosts()
             try:
-                return program(runtime.size())
+                result = program(runtime.size())
+                _tell_launcher_done()
+                return result
+            except MembershipChange:  # ranks joined (State.steps grew the job)
+                continue
             except Exception as error:
                 if failures >= max_failures or not _peer_failure(error):
                     raise
@@ -853,5 +1001,5 @@ def simulate(program: Callable[[int], Any], agents: int,
 
 
 __all__ = ["CONTROL_ENV", "Change", "DIRECTORY_ENV", "RESCALE_EXIT_STATUS", "RESTART_ENV",
-           "Plan", "Recovery", "Resumed", "RULES", "State", "plan", "recoveries", "run",
-           "simulate"]
+           "Join", "Plan", "Recovery", "Resumed", "RULES", "State", "joins", "plan", "recoveries",
+           "request_join", "run", "simulate"]

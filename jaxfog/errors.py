@@ -50,9 +50,10 @@ class TimelineError(JaxfogError, ValueError):
 
 
 class MembershipChange(JaxfogError):
-    """Raised by ``jaxfog.elastic.State.steps`` inside
-    :func:`jaxfog.elastic.simulate` at a step where membership changes; that
-    function catches it and runs the program again for the new members."""
+    """Raised by ``jaxfog.elastic.State.steps`` at a step where membership
+    changes: inside :func:`jaxfog.elastic.simulate` (its schedule), and inside
+    :func:`jaxfog.elastic.run` when ranks are to join in place. Those functions
+    catch it and run the program again for the new members."""
 
 
 class TopologyWarning(UserWarning):

@@ -29,7 +29,7 @@ import os
 import subprocess
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -82,6 +82,11 @@ SCRATCH_KEEP_BYTES = 256 << 20
 STAGING_KEEP_BYTES_ENV = "JAXFOG_STAGING_KEEP_BYTES"
 STAGING_KEEP_BYTES = 2 << 30
 
+#: Set in a rank by ``jaxfog run``'s per-rank shim (``jaxfog/cli/_launcher.py``):
+#: its path, so that :func:`grow` starts the newcomers as ``jaxfog run`` started the
+#: ranks (their environment, whole lines of output).
+RANK_SHIM_ENV = "JAXFOG_RANK_SHIM"
+
 # Communicator ids in the C++ registry: the world duplicate, the ranks of this
 # machine, and the machines' local rank 0s (registered on those ranks only).
 WORLD_COMM_ID = 0
@@ -116,8 +121,11 @@ class _State:
 
 
 _state: _State | None = None
-#: Whether :func:`shrink` rebuilt jaxfog on survivors in this process.
+#: Whether :func:`shrink` or :func:`grow` rebuilt jaxfog in this process, or it
+#: joined a running job (spawned by :func:`grow`): it then ends as survivors do.
 _shrunk = False
+#: Whether this process joined a running job: spawned by :func:`grow`.
+_joined = False
 #: Seconds MPI_Finalize may take at exit after a shrink, once every survivor
 #: reached its exit: Open MPI 5.0.11's waits forever in about 1 exit of 12.
 _EXIT_BOUND_AFTER_SHRINK_SECONDS = 5.0
@@ -404,7 +412,18 @@ def init(topology: T.Topology | Any | None = None) -> None:
         warnings.warn(
             "MPI was initialised without MPI_THREAD_MULTIPLE (before jaxfog.init()); "
             "communicating ops may run from several XLA threads", RuntimeWarning)
-    _setup(lib, MPI.COMM_WORLD)
+    parent = MPI.Comm.Get_parent()
+    if parent == MPI.COMM_NULL:
+        _setup(lib, MPI.COMM_WORLD)
+    else:  # spawned by the job's grow(): after its ranks, in one communicator with them
+        global _joined, _shrunk
+        merged = parent.Merge(high=True)
+        parent.Disconnect()
+        try:
+            _setup(lib, merged)
+        finally:
+            merged.Free()
+        _joined = _shrunk = True
     ffi.register_handlers()
     # JAX (imported by now) tears its backends down at exit; shutdown must run
     # first, while dispatched computations can still be waited for.
@@ -539,6 +558,83 @@ def shrink() -> list[int]:
     finally:
         survivors.Free()
     return old_ranks
+
+
+def grow(count: int, hosts: Sequence[str] | None = None) -> int:
+    """Adds ``count`` processes running this program to the job, after its
+    ranks; collective over the job's ranks. ULFM only (the job runs with
+    ``--with-ft ulfm``), as for :func:`shrink`.
+
+    The processes are started with ``MPI_Comm_spawn`` (the interpreter and
+    command line of this process, ``sys.orig_argv``), on ``hosts`` (a host
+    name for each process; Open MPI's launcher adds a host it
+    does not have yet) or where the launcher places them; a host may run more
+    processes than its slots. Their ``init``
+    finds the parent job and joins it: the new ranks are ``size()`` to
+    ``size() + count - 1``, and :func:`joined` is true there. Then jaxfog is set up
+    again on every rank, as :func:`shrink` does: the computations dispatched
+    finish first, nonblocking ops never waited for are discarded, one-sided
+    windows are forgotten, and the default topology is ``exponential(size())``.
+
+    A newcomer that cannot start fails the call (``BackendError``); under Open
+    MPI 5.0.11 a host whose daemon cannot start ends the whole job instead (its
+    launcher aborts), which ``jaxfog run --max-restarts`` relaunches.
+
+    Returns:
+      The size before.
+    """
+    state = _require()
+    count = V.integer("jaxfog.grow", "count", count, minimum=1)
+    if not fault_tolerant():
+        raise BackendError(
+            "jaxfog.grow needs MPI with ULFM fault tolerance on, as shrink does: Open MPI 5 "
+            "launched with `mpiexec --with-ft ulfm` (`jaxfog run --mpi-args='--with-ft "
+            "ulfm'`); elsewhere hosts join at a relaunch (`jaxfog run "
+            "--host-discovery-script`)")
+    from mpi4py import MPI
+
+    hosts = [str(h) for h in hosts or ()]
+    if hosts and len(hosts) != count:
+        raise ValueError(f"jaxfog.grow: {len(hosts)} hosts for {count} processes; give one "
+                         "host a process, or none")
+    lib = ffi.library()
+    info = MPI.Info.Create()
+    # Open MPI's: a host may hold more processes than its slots (the slots of the
+    # job's ranks stay taken, and spawn would find none free).
+    info.Set("map_by", "slot:oversubscribe")
+    if hosts:
+        info.Set("host", ",".join(hosts))
+        info.Set("PMIX_ADD_HOST", ",".join(dict.fromkeys(hosts)))  # ones the job lacks
+    try:
+        command = [sys.executable, *sys.orig_argv[1:]]
+        shim = os.environ.get(RANK_SHIM_ENV)
+        intercomm = state.python_comm.Spawn(
+            sys.executable, args=[shim, *command] if shim else command[1:], maxprocs=count,
+            info=info, root=0)
+    except MPI.Exception as error:
+        raise BackendError(f"jaxfog.grow: MPI_Comm_spawn of {count} process(es)"
+                           f"{' on ' + ','.join(hosts) if hosts else ''} failed: "
+                           f"{error}") from error
+    finally:
+        info.Free()
+    merged = intercomm.Merge(high=False)
+    intercomm.Disconnect()
+    _run_shutdown_hooks("fence")
+    _run_shutdown_hooks("discard")
+    _run_shutdown_hooks("abandon")
+    global _state, _shrunk
+    _state, _shrunk = None, True
+    _release(lib, state.comms, state.python_comm, state.peers_comm)
+    try:
+        _setup(lib, merged)
+    finally:
+        merged.Free()
+    return state.size
+
+
+def joined() -> bool:
+    """Whether this process joined a running job (started by its :func:`grow`)."""
+    return _joined
 
 
 def is_initialized() -> bool:
@@ -741,8 +837,8 @@ def communicator():
     return _require().python_comm
 
 
-__all__ = ["async_min_bytes", "fault_tolerant", "gpu_backend", "in_neighbor_ranks", "init",
-           "is_homogeneous", "is_initialized", "load_machine_topology", "load_topology",
-           "local_rank", "local_size", "machine_rank", "machine_size",
+__all__ = ["async_min_bytes", "fault_tolerant", "gpu_backend", "grow", "in_neighbor_ranks",
+           "init", "is_homogeneous", "is_initialized", "joined", "load_machine_topology",
+           "load_topology", "local_rank", "local_size", "machine_rank", "machine_size",
            "out_neighbor_ranks", "rank", "set_async_min_bytes", "set_machine_topology",
            "set_topology", "shutdown", "shrink", "size"]

@@ -14,6 +14,7 @@ import jaxfog as jf
 import jaxfog.elastic as je
 import jaxfog.optax as jfo
 import jaxfog.topology as T
+from jaxfog.errors import BackendError
 
 pytestmark = pytest.mark.jax_internals
 
@@ -151,6 +152,15 @@ def test_bad_input_is_refused(tmp_path):
         je.simulate(_quadratic_program("atc", steps=20), 2, {5: je.Change(leave=[0, 1])})
     with pytest.warns(RuntimeWarning, match="one agent is left"):
         je.simulate(_quadratic_program("atc", steps=20), 2, {5: je.Change(leave=[1])})
+    # Joining in place is elastic.run's, under ULFM (test_elastic_in_place_mpi.py).
+    with pytest.raises(jf.JaxfogError, match="join in place only inside jaxfog.elastic.run"):
+        je.request_join()
+    with pytest.raises(ValueError, match="count"):
+        je.request_join(0)
+    with pytest.raises(ValueError, match=r"hosts must be 2 str \(one a rank\)"):
+        je.request_join(2, ["node1"])
+    with pytest.raises(BackendError, match="needs MPI with ULFM"):
+        jf.runtime.grow(1)
 
 
 def test_plan_leaves_out_a_member_the_last_run_did_not_have():

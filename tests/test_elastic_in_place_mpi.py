@@ -29,7 +29,7 @@ import jaxfog.elastic as je
 from jaxfog.cli import _launcher as launcher
 from mpi_harness import openmpi_with_ulfm
 from test_elastic import _quadratic_program
-from test_elastic_mpi import _assert_same, _launch, _simulated
+from test_elastic_mpi import _assert_same, _discovery, _launch, _simulated
 
 STEPS = 60
 KILL_AT = 23
@@ -157,3 +157,106 @@ def test_the_example_recovers_in_place_as_simulate_says(tmp_path, method, kill, 
     simulated = _simulated(method, 3, {int(said[1]): je.Change(leave=[lost])})
     assert [r.members for r in simulated[2]][-1] == tuple(m for m in range(3) if m != lost)
     _assert_same(mpi, simulated)
+
+
+# --- ranks joining in place ---------------------------------------------------------------
+
+
+def test_a_rank_joins_in_place_as_simulate_says(tmp_path):
+    """2 ranks; rank 0 asks for one more at step 12 (``request_join``); at the
+    snapshot step 20 the job spawns it (``MPI_Comm_spawn``) without stopping:
+    the newcomer, rank 2, gets rank 1's state over MPI, gradient tracking's
+    trackers are restored, and the 3 ranks end equal to the simulation with
+    one agent joining at step 20."""
+    why_not = openmpi_with_ulfm()
+    if why_not:
+        pytest.skip(why_not)
+    mpi, output = _launch(tmp_path, np_=2, method="gradient_tracking", restarts=0,
+                          mpi_args="--with-ft ulfm", env={"JAXFOG_TIMEOUT": "30"},
+                          extra=["--join", "12"])
+    assert re.search(r"1 rank\(s\) joined in place at step 20; 3 rank\(s\) \(members \[0, 1, "
+                     r"2\], the newcomers' state from rank 1", output), output
+    assert "restart" not in output, output  # in place: no relaunch
+    simulated = _simulated("gradient_tracking", 2, {20: je.Change(join=1)})
+    assert [r.members for r in simulated[2]] == [(0, 1), (0, 1, 2)]
+    assert simulated[2][1].copied_from == {2: 1}
+    _assert_same(mpi, simulated)
+
+
+def test_a_joined_rank_then_killed_is_survived_as_simulate_says(tmp_path):
+    """A join, then the newcomer's death: 2 ranks grow to 3 at step 20, and the
+    new rank 2 (member 2) is SIGKILLed at step 25; the two others shrink back
+    in place and redo the step. atc on the one-peer schedule, rebuilt for each
+    size, equals the simulation with that membership schedule."""
+    why_not = openmpi_with_ulfm()
+    if why_not:
+        pytest.skip(why_not)
+    mpi, output = _launch(tmp_path, np_=2, method="atc", kill="2:25:0", restarts=0,
+                          mpi_args="--with-ft ulfm", env={"JAXFOG_TIMEOUT": "30"},
+                          extra=["--join", "12"])
+    assert "joined in place at step 20" in output, output
+    said = re.search(r"rank\(s\) \[2\] failed; resumed in place at step (\d+) on 2 rank\(s\)",
+                     output)
+    assert said and 22 <= int(said[1]) <= 25, output
+    simulated = _simulated("atc", 2, {20: je.Change(join=1),
+                                      int(said[1]): je.Change(leave=[2])})
+    assert [r.members for r in simulated[2]] == [(0, 1), (0, 1, 2), (0, 1)]
+    _assert_same(mpi, simulated)
+
+
+def test_a_host_the_discovery_script_adds_joins_in_place(tmp_path):
+    """``jaxfog run --host-discovery-script``: this machine offers 2 slots at
+    the launch, 3 from then on. The launcher writes the new slot into the
+    job's control file; at its next snapshot the job (under ULFM, in
+    ``jaxfog.elastic.run``) starts a rank there in place, with no relaunch,
+    and the result equals the simulation with one agent joining at that step."""
+    why_not = openmpi_with_ulfm()
+    if why_not:
+        pytest.skip(why_not)
+    mpi, output = _launch(tmp_path, np_=3, method="atc", restarts=0,
+                          discovery=_discovery(tmp_path, [2, 3]), mpi_args="--with-ft ulfm",
+                          env={"JAXFOG_TIMEOUT": "30", "JAXFOG_DISCOVERY_INTERVAL": "1"},
+                          extra=["--pace", "0.1"])
+    said = re.search(r"1 rank\(s\) joined in place at step (\d+); 3 rank\(s\)", output)
+    assert said, output
+    assert "relaunch" not in output and "stopped to take in new hosts" not in output, output
+    simulated = _simulated("atc", 2, {int(said[1]): je.Change(join=1)})
+    _assert_same(mpi, simulated)
+
+
+_MISMATCH = """
+import jax.numpy as jnp, optax
+import jaxfog as jf, jaxfog.elastic as je, jaxfog.optax as jfo, jaxfog.runtime as rt
+
+def program(n):
+    width = 3 if rt.joined() else 2   # the newcomer's model is not the job's
+    optimizer = jfo.atc(optax.sgd(0.1))
+    params = jnp.zeros(width)
+    state = je.State(params=params, opt_state=optimizer.init(params), every=5,
+                     directory="{directory}")
+    for step in state.steps(20):
+        if step == 2 and jf.rank() == 0:
+            je.request_join()
+        state.params = state.params + 1.0
+    return state.params
+
+je.run(program)
+"""
+
+
+def test_a_newcomer_with_another_model_is_refused_with_a_clear_error(tmp_path):
+    """A joining rank whose state has other shapes than the job's: every rank
+    raises ``ValueError`` naming it, at the join (not a wrong value, no hang)."""
+    why_not = openmpi_with_ulfm()
+    if why_not:
+        pytest.skip(why_not)
+    script = tmp_path / "mismatch.py"
+    script.write_text(_MISMATCH.format(directory=tmp_path / "snapshots"))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAXFOG_TIMEOUT": "30"}
+    command = launcher.build_command([sys.executable, str(script)], 2,
+                                     mpi_args=["--with-ft", "ulfm"], env=env)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "ranks [2] hold a state (structure, shapes, dtypes or version) other than rank " \
+           "0's; a joining host must run the job's program" in output, output

@@ -54,7 +54,7 @@ echo "{socket.gethostname()}:$1"
 
 
 def _launch(tmp_path, *, np_, method="atc", kill="", discovery=None, restarts=2,
-            env=None, timeout=300, mpi_args=""):
+            env=None, timeout=300, mpi_args="", extra=()):
     out = tmp_path / "out.npz"
     command = [sys.executable, "-m", "jaxfog.cli", "run", "-np", str(np_),
                "--max-restarts", str(restarts)]
@@ -67,6 +67,7 @@ def _launch(tmp_path, *, np_, method="atc", kill="", discovery=None, restarts=2,
                 str(tmp_path / "snapshots")]
     if kill:
         command += ["--kill", kill]
+    command += list(extra)
     result = run_command(command, timeout=timeout, env=launch_environment(
         {"JAXFOG_DISCOVERY_INTERVAL": "100000", **(env or {})}))
     assert result.ok, result.report()

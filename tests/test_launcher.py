@@ -301,3 +301,18 @@ def test_forward_lines_status_and_signals(tmp_path):
         assert shim.stdout.readline() == "up\n"
         shim.send_signal(signal.SIGTERM)
         assert shim.wait(timeout=20) == status, openmpi
+
+
+def test_the_launcher_asks_a_running_job_for_the_slots_it_lacks(tmp_path):
+    """What a discovery script names beyond the job's hosts, up to -np: the
+    lines the job's control file gets (its ranks join in place under ULFM);
+    the job's own list, written after a change in place, replaces the
+    launcher's (a host whose rank was lost is asked for again)."""
+    assert launcher._new_slots({"a": 1, "b": 1}, {"a": 2, "b": 1, "c": 2}, room=2) == {
+        "a": 1, "c": 1}
+    assert launcher._new_slots({"a": 2}, {"a": 2}, room=3) == {}
+    assert launcher._new_slots({"a": 1}, {"a": 4}, room=0) == {}
+    control = str(tmp_path / "rescale")
+    assert launcher._job_hosts(control, {"a": 2}) == {"a": 2}
+    (tmp_path / "rescale.hosts").write_text("a:1\nc:1\n")
+    assert launcher._job_hosts(control, {"a": 2}) == {"a": 1, "c": 1}

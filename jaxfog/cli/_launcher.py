@@ -206,6 +206,8 @@ def exec_rank(command: Sequence[str]) -> None:
     if not command:
         raise SystemExit("jaxfog: no command given to run in the rank")
     os.environ.update(rank_environment(os.environ))
+    # jaxfog.runtime.RANK_SHIM_ENV: a rank's grow() starts its newcomers through the shim too.
+    os.environ["JAXFOG_RANK_SHIM"] = str(Path(__file__).resolve())
     if os.environ.get(LINES_ENV, "1") != "0":
         rank = _first_int(os.environ, _RANK_VARS)
         prefix = f"[{rank}] ".encode() if os.environ.get(PREFIX_ENV) == "1" else b""
@@ -409,6 +411,26 @@ def discover_hosts(script: str, env: Mapping[str, str], timeout: float) -> dict[
     return parse_hosts(out.stdout)
 
 
+def _job_hosts(control: str, known: dict[str, int]) -> dict[str, int]:
+    """The hosts of the running job: what its rank 0 last wrote beside the
+    control file (``jaxfog.elastic.run``, after a change in place), else ``known``."""
+    try:
+        return parse_hosts(Path(control + ".hosts").read_text())
+    except OSError:
+        return known
+
+
+def _new_slots(running: Mapping[str, int], now: Mapping[str, int],
+               room: int) -> dict[str, int]:
+    """The slots of ``now`` that ``running`` lacks, ``room`` at most."""
+    wanted: dict[str, int] = {}
+    for host, slots in now.items():
+        extra = min(slots - running.get(host, 0), room - sum(wanted.values()))
+        if extra > 0:
+            wanted[host] = extra
+    return wanted
+
+
 def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: int = 1,
                 hosts: str | None = None, hostfile: str | None = None,
                 discovery_script: str | None = None, mpi_args: Sequence[str] = (),
@@ -418,8 +440,10 @@ def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: i
     ``np`` ranks at most, one per slot, and never fewer than ``min_np``. While
     it runs, a discovery script is run every ``JAXFOG_DISCOVERY_INTERVAL``
     seconds (default 10); when it names hosts or slots the job does not have,
-    the job is asked to stop at its next snapshot (``jaxfog.elastic``) and is
-    relaunched with them, without counting as a failure. Every rank learns
+    the job is asked to take them at its next snapshot (``jaxfog.elastic``):
+    the new hosts a line in the file ``JAXFOG_ELASTIC_CONTROL`` names. Under
+    ULFM, ``jaxfog.elastic.run`` starts ranks there in place; elsewhere the job
+    stops and is relaunched with them, without counting as a failure. Every rank learns
     the launch's number from ``JAXFOG_ELASTIC_RESTART``.
 
     The ranks keep XLA's compiled programs in JAX's persistent compilation
@@ -474,22 +498,35 @@ def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: i
                 print(f"jaxfog run: relaunch {launch} on {ranks} rank(s)"
                       + (f" ({_format_hosts(found)})" if found else ""), file=sys.stderr,
                       flush=True)
-            if os.path.exists(control):
-                os.remove(control)
+            for stale in (control, control + ".hosts", control + ".done"):
+                if os.path.exists(stale):
+                    os.remove(stale)
             started = time.monotonic()
             process = subprocess.Popen(args, env=env)
+            running = dict(found or {})  # the job's hosts, as far as this launcher knows
             while process.poll() is None:
                 try:
                     process.wait(timeout=interval)
                 except subprocess.TimeoutExpired:
                     if discovery_script and not os.path.exists(control):
+                        running = _job_hosts(control, running)
                         now = discover_hosts(discovery_script, env, timeout)
-                        if any(now.get(h, 0) > (found or {}).get(h, 0) for h in now) and (
-                                ranks < np):
-                            Path(control).touch()  # stop at the next snapshot
+                        wanted = _new_slots(running, now, np - sum(running.values()))
+                        if wanted:
+                            # The job takes them in place at its next snapshot (under
+                            # ULFM, jaxfog.elastic.run), or stops there to be relaunched.
+                            Path(control).write_text(_format_hosts(wanted).replace(",", "\n"))
+                            for host, slots in wanted.items():
+                                running[host] = running.get(host, 0) + slots
             status = process.returncode
             rescaled = os.path.exists(control)
             if status == 0:
+                return 0
+            if os.path.exists(control + ".done"):
+                # Open MPI's launcher reports a rank that joined in place (a job of
+                # its own) and then died as a failure, though the survivors finished.
+                print(f"jaxfog run: the job finished (its rank 0 says so); exit status "
+                      f"{status} came from a rank lost on the way", file=sys.stderr, flush=True)
                 return 0
             launch += 1
             if rescaled:
