@@ -62,6 +62,13 @@ The invariants, restored when membership changes:
   fragments in flight are not applied (their outer step is skipped, the
   anchor kept), in every resume.
 
+In place, under Open MPI with ULFM, :func:`run` goes on without a relaunch:
+the survivors of a lost rank shrink the job and resume from the state each
+kept in memory, and new ranks join at a snapshot step (asked for by
+:func:`request_join` or by ``jaxfog run``'s discovery script), started by
+``MPI_Comm_spawn`` and given a live copy; both as a restart with the same
+members would resume.
+
 :func:`simulate` runs a program on simulated agents with membership changes
 at given steps (agents leave, agents join) with these semantics: research on
 churn on one machine, and the oracle the MPI tests compare with.
