@@ -407,7 +407,7 @@ class State:
             self._resume()
         if _in_place is not None:
             _in_place.state = self
-            _in_place.next_member = max(_in_place.next_member, *self.resumed.members) + 1
+            _in_place.next_member = max(_in_place.next_member, max(self.resumed.members) + 1)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_") or name in self._names or name in ("every", "version",
@@ -617,13 +617,18 @@ class State:
                 if self.step == total:
                     continue
                 if _in_place is not None:
-                    joining = self._joins_requested(control)
-                    if joining:
+                    joining, relaunch = self._joins_requested(control)
+                    if joining and not relaunch:
                         _grow(_in_place, self.step, joining)
                         raise MembershipChange(self.step)  # run() runs the program again
-                elif control and self._rescale_requested(control):
+                else:
+                    relaunch = control is not None and self._rescale_requested(control)
+                if relaunch:
                     self._writer.wait()
-                    runtime.shutdown()
+                    if runtime._shrunk:  # shut down at exit, where MPI_Finalize is bounded
+                        runtime._exit_status_after_shrink = RESCALE_EXIT_STATUS
+                    else:
+                        runtime.shutdown()
                     raise SystemExit(RESCALE_EXIT_STATUS)
         if _churn is None:
             self._writer.wait()
@@ -635,20 +640,39 @@ class State:
         asked = os.path.exists(control) if comm.Get_rank() == 0 else None
         return bool(comm.bcast(asked, root=0))
 
-    def _joins_requested(self, control: str | None) -> list[str]:
+    def _joins_requested(self, control: str | None) -> tuple[list[str], bool]:
         """The hosts of the ranks asked to join in place (``""``: anywhere), from
         :func:`request_join` on any rank and ``jaxfog run``'s control file
-        (hosts a line; an empty file asks for a relaunch, which an in-place
-        run does not need); collective."""
+        (hosts a line), and whether to stop for a relaunch instead: the file
+        is empty (hosts the launch did not have), or ranks are to join a job
+        across hosts after a recovery in place (Open MPI 5.0.11's newcomer
+        then fails in its MPI_Init); collective, rank 0 decides."""
         comm = self._comm()
         assert _in_place is not None
         mine, _in_place.requests = _in_place.requests, []
+        relaunch = False
         if control and (comm is None or comm.Get_rank() == 0) and os.path.exists(control):
             with open(control) as f:
                 text = f.read()
-            os.remove(control)
+            relaunch = not text.strip()
+            if not relaunch:  # an empty file stays: the launcher reads it as a rescale
+                os.remove(control)
             mine = mine + [host for host, slots in _parse_hosts(text) for _ in range(slots)]
-        return [h for hosts in (comm.allgather(mine) if comm else [mine]) for h in hosts]
+        said = comm.allgather((mine, relaunch)) if comm else [(mine, relaunch)]
+        hosts = [h for requested, _ in said for h in requested]
+        if said[0][1]:
+            return hosts, True
+        if hosts and _in_place.recoveries and runtime.machine_size() > 1:
+            if not control:
+                warnings.warn(f"{_WHAT}: {len(hosts)} rank(s) cannot join this job in place "
+                              "after a recovery (Open MPI 5.0.11 across hosts), and no "
+                              "`jaxfog run` is there to relaunch it: they do not join",
+                              RuntimeWarning)
+                return [], False
+            if runtime.rank() == 0:
+                open(control, "w").close()  # jaxfog run relaunches on every host it finds
+            return hosts, True
+        return hosts, False
 
     def wait(self) -> None:
         """Waits for the snapshot being written (``steps`` does at its end)."""

@@ -28,6 +28,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -129,6 +130,9 @@ _joined = False
 #: Seconds MPI_Finalize may take at exit after a shrink, once every survivor
 #: reached its exit: Open MPI 5.0.11's waits forever in about 1 exit of 12.
 _EXIT_BOUND_AFTER_SHRINK_SECONDS = 5.0
+#: The status a process so bounded ends with: its work is done (0), or it
+#: stops to be relaunched (jaxfog.elastic sets RESCALE_EXIT_STATUS).
+_exit_status_after_shrink = 0
 # What shutdown() runs, stage by stage in this order, each hook even if an
 # earlier one failed (registered by the layers above with on_shutdown):
 # "fence": wait for dispatched computations that still communicate;
@@ -469,7 +473,7 @@ def _shutdown(at_exit: bool) -> None:
     # MPI_Finalize comes next, and never ends if a peer became unreachable; after
     # a shrink, Open MPI 5.0.11's sometimes waits though every survivor is done.
     if survivors_met:
-        lib.jaxfog_bound_exit(_EXIT_BOUND_AFTER_SHRINK_SECONDS, 0)
+        lib.jaxfog_bound_exit(_EXIT_BOUND_AFTER_SHRINK_SECONDS, _exit_status_after_shrink)
     elif at_exit:
         lib.jaxfog_bound_exit(state.timeout, 1)
 
@@ -578,7 +582,9 @@ def grow(count: int, hosts: Sequence[str] | None = None) -> int:
 
     A newcomer that cannot start fails the call (``BackendError``); under Open
     MPI 5.0.11 a host whose daemon cannot start ends the whole job instead (its
-    launcher aborts), which ``jaxfog run --max-restarts`` relaunches.
+    launcher aborts), and a newcomer that dies in its ``MPI_Init`` leaves the
+    spawn waiting: after ``JAXFOG_TIMEOUT`` seconds this process ends, saying
+    so. ``jaxfog run --max-restarts`` relaunches the job either way.
 
     Returns:
       The size before.
@@ -604,21 +610,25 @@ def grow(count: int, hosts: Sequence[str] | None = None) -> int:
     info.Set("map_by", "slot:oversubscribe")
     if hosts:
         info.Set("host", ",".join(hosts))
-        info.Set("PMIX_ADD_HOST", ",".join(dict.fromkeys(hosts)))  # ones the job lacks
+    where = f"{count} process(es){' on ' + ','.join(hosts) if hosts else ''}"
+    # A newcomer that dies in its MPI_Init leaves the spawn waiting forever.
+    watchdog = threading.Timer(state.timeout, _end_stuck_spawn, args=(where, state.timeout))
+    watchdog.daemon = True
+    if state.timeout > 0:
+        watchdog.start()
     try:
         command = [sys.executable, *sys.orig_argv[1:]]
         shim = os.environ.get(RANK_SHIM_ENV)
         intercomm = state.python_comm.Spawn(
             sys.executable, args=[shim, *command] if shim else command[1:], maxprocs=count,
             info=info, root=0)
+        merged = intercomm.Merge(high=False)
+        intercomm.Disconnect()
     except MPI.Exception as error:
-        raise BackendError(f"jaxfog.grow: MPI_Comm_spawn of {count} process(es)"
-                           f"{' on ' + ','.join(hosts) if hosts else ''} failed: "
-                           f"{error}") from error
+        raise BackendError(f"jaxfog.grow: MPI_Comm_spawn of {where} failed: {error}") from error
     finally:
+        watchdog.cancel()
         info.Free()
-    merged = intercomm.Merge(high=False)
-    intercomm.Disconnect()
     _run_shutdown_hooks("fence")
     _run_shutdown_hooks("discard")
     _run_shutdown_hooks("abandon")
@@ -630,6 +640,14 @@ def grow(count: int, hosts: Sequence[str] | None = None) -> int:
     finally:
         merged.Free()
     return state.size
+
+
+def _end_stuck_spawn(where: str, seconds: float) -> None:
+    sys.stderr.write(f"jaxfog.grow (rank {rank()}): starting {where} did not finish within "
+                     f"{seconds:g} s ({TIMEOUT_ENV}); a newcomer failed to start or to join "
+                     "(see the launcher's output); ending this process\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def joined() -> bool:

@@ -158,3 +158,42 @@ def test_a_rank_killed_mid_step_recovers_in_place_under_openmpi_ulfm(netns_clust
     assert said and 20 <= int(said[1]) <= 25, result.output
     assert "restart" not in result.output, result.output
     _assert_same(out, _simulated(4, {int(said[1]): {"leave": [3]}}))
+
+
+def test_a_host_whose_rank_died_comes_back_under_openmpi_ulfm(netns_cluster_factory,
+                                                               tmp_path):
+    """4 hosts, Open MPI with ULFM, a discovery script that names all four
+    throughout. Host 3's rank is SIGKILLed after step 20: the survivors go on
+    in place on 3 ranks, and rank 0 tells ``jaxfog run`` the job's hosts. The
+    launcher finds host 3 listed again and asks for it; at the next snapshot
+    the job stops to be relaunched on all 4 (Open MPI 5.0.11 cannot start a
+    rank in place across hosts after a recovery: the newcomer fails in its
+    MPI_Init), without that counting as a failure, and host 3's new rank gets
+    rank 2's state across the network. The run equals the simulation with
+    agent 3 leaving and a new agent joining at those steps."""
+    why_not = openmpi_with_ulfm()
+    if why_not:
+        pytest.skip(why_not)
+    cluster = netns_cluster_factory(4)
+    out, snapshots = tmp_path / "out.npz", tmp_path / "snapshots"
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\nprintf '%s\\n' " + " ".join(f"{n}:1" for n in cluster.names)
+                      + "\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    command = _command(cluster, out, snapshots, np_=4, pace=0.2, options=[
+        "--max-restarts", "0", "--host-discovery-script", str(script),
+        "--mpi-args", "--with-ft ulfm"])
+    env = cluster.environment(launch_environment({"JAXFOG_TIMEOUT": "20",
+                                                  "JAXFOG_DISCOVERY_INTERVAL": "0.5"}))
+    result, _ = _kill_after_step_20(cluster, command, env, snapshots, lambda: [
+        os.kill(pid, signal.SIGKILL) for pid in rank_processes(cluster, 3, PROGRAM.name)])
+    assert result.ok, result.report()
+    output = result.output
+    left = re.search(r"rank\(s\) \[3\] failed; resumed in place at step (\d+) on 3 rank\(s\)",
+                     output)
+    back = re.search(r"resumed at step (\d+) on 4 rank\(s\) \(1 rank\(s\) copied from a "
+                     r"neighbour; members changed\)", output)
+    assert left and back and 20 <= int(left[1]) <= 25 < int(back[1]), output
+    assert "the job stopped to take in new hosts" in output and "restart 1" not in output
+    _assert_same(out, _simulated(4, {int(left[1]): {"leave": [3]},
+                                     int(back[1]): {"join": 1}}))

@@ -514,8 +514,12 @@ def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: i
                         wanted = _new_slots(running, now, np - sum(running.values()))
                         if wanted:
                             # The job takes them in place at its next snapshot (under
-                            # ULFM, jaxfog.elastic.run), or stops there to be relaunched.
-                            Path(control).write_text(_format_hosts(wanted).replace(",", "\n"))
+                            # ULFM, jaxfog.elastic.run), or stops there to be relaunched;
+                            # always so for hosts the launch lacks (an empty file): Open
+                            # MPI 5.0.11 loses a daemon it adds to a running job.
+                            inside = all(host in (found or {}) for host in wanted)
+                            Path(control).write_text(
+                                _format_hosts(wanted).replace(",", "\n") if inside else "")
                             for host, slots in wanted.items():
                                 running[host] = running.get(host, 0) + slots
             status = process.returncode
