@@ -15,7 +15,12 @@ method, in three scenarios, interleaved:
 * ``rank killed, in place`` (only where jaxfog runs on Open MPI with ULFM):
   host 3's rank SIGKILLed a third of the way, under ``--with-ft ulfm`` and
   ``--max-restarts 0``: the survivors go on in place on 3 hosts
-  (``jaxfog.elastic.run``), from the state in memory.
+  (``jaxfog.elastic.run``), from the state in memory;
+* ``rank killed in place, host back`` (the same): as above, then host 3
+  offered again by the discovery script two thirds of the way in: the job
+  stops at its next snapshot and is relaunched on 4 hosts (Open MPI 5.0.11
+  cannot start a rank in place across hosts after a recovery), host 3's new
+  rank with a live copy.
 
 Run from an environment whose jaxfog is built against Open MPI, the first
 two and the in-place scenario run, into ``elastic_in_place.md``; against
@@ -64,6 +69,7 @@ PROGRAM = ROOT / "examples" / "elastic_digits.py"
 METHODS = ("atc", "gradient_allreduce", "diloco")
 SCENARIOS = ("failure-free", "rank killed", "host killed, host joins")
 IN_PLACE = "rank killed, in place"
+IN_PLACE_BACK = "rank killed in place, host back"
 
 
 def _rank_pids(cluster, host: int) -> list[int]:
@@ -98,9 +104,11 @@ def run_one(cluster, method: str, scenario: str, steps: int, every: int, pace: f
     state.write_text("\n".join(f"{n}:1" for n in names[:4]) + "\n")
     script.write_text(f"#!/bin/sh\ncat {state}\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    where = (["--max-restarts", "0", "--mpi-args", "--with-ft ulfm", "--hosts",
-              ",".join(f"{n}:1" for n in names[:4])] if scenario == IN_PLACE
-             else ["--max-restarts", "2", "--host-discovery-script", str(script)])
+    where = {IN_PLACE: ["--max-restarts", "0", "--mpi-args", "--with-ft ulfm", "--hosts",
+                        ",".join(f"{n}:1" for n in names[:4])],
+             IN_PLACE_BACK: ["--max-restarts", "0", "--mpi-args", "--with-ft ulfm",
+                             "--host-discovery-script", str(script)]}.get(
+        scenario, ["--max-restarts", "2", "--host-discovery-script", str(script)])
     command = cluster.on_host(0, [
         sys.executable, "-m", "jaxfog.cli", "run", "-np", "4", *where, "--",
         sys.executable, str(PROGRAM),
@@ -122,7 +130,9 @@ def run_one(cluster, method: str, scenario: str, steps: int, every: int, pace: f
             continue
         done = max((s for _, s, _, _ in _log_steps(log)), default=0)
         if killed is None and done >= steps // 3:
-            if scenario in ("rank killed", IN_PLACE):
+            if scenario in ("rank killed", IN_PLACE, IN_PLACE_BACK):
+                if scenario == IN_PLACE_BACK:
+                    state.write_text("\n".join(f"{n}:1" for n in names[:3]) + "\n")
                 for pid in _rank_pids(cluster, 3):
                     os.kill(pid, signal.SIGKILL)
             else:
@@ -130,9 +140,10 @@ def run_one(cluster, method: str, scenario: str, steps: int, every: int, pace: f
                 cluster.never_join(3)
                 cluster.kill_host(3)
             killed = time.time()
-        if (scenario == SCENARIOS[2] and killed is not None and joined is None
-                and done >= 2 * steps // 3):
-            state.write_text("\n".join(f"{n}:1" for n in names[:3] + [names[4]]) + "\n")
+        if (scenario in (SCENARIOS[2], IN_PLACE_BACK) and killed is not None
+                and joined is None and done >= 2 * steps // 3):
+            back = names[3] if scenario == IN_PLACE_BACK else names[4]
+            state.write_text("\n".join(f"{n}:1" for n in names[:3] + [back]) + "\n")
             joined = time.time()
     reader.join(timeout=10)
     if process.returncode:
@@ -175,7 +186,7 @@ def main(argv=None) -> int:
     from jaxfog.cli._launcher import find_mpiexec, mpi_flavour
 
     openmpi = mpi_flavour(find_mpiexec()) == "openmpi"
-    scenarios = (*SCENARIOS[:2], IN_PLACE) if openmpi else SCENARIOS
+    scenarios = (*SCENARIOS[:2], IN_PLACE, IN_PLACE_BACK) if openmpi else SCENARIOS
     targets = {k: float(v) for k, v in (t.split("=") for t in args.targets.split(","))}
     results: dict = {}
     runs: dict = {}

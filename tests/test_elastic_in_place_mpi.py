@@ -162,45 +162,29 @@ def test_the_example_recovers_in_place_as_simulate_says(tmp_path, method, kill, 
 # --- ranks joining in place ---------------------------------------------------------------
 
 
-def test_a_rank_joins_in_place_as_simulate_says(tmp_path):
+def test_a_rank_joins_in_place_and_its_death_is_survived_as_simulate_says(tmp_path):
     """2 ranks; rank 0 asks for one more at step 12 (``request_join``); at the
     snapshot step 20 the job spawns it (``MPI_Comm_spawn``) without stopping:
-    the newcomer, rank 2, gets rank 1's state over MPI, gradient tracking's
-    trackers are restored, and the 3 ranks end equal to the simulation with
-    one agent joining at step 20."""
+    the newcomer, rank 2, gets rank 1's state over MPI and gradient
+    tracking's trackers are restored. Then the newcomer is SIGKILLed at step
+    25: the two others shrink back in place and redo the step. The result
+    equals the simulation with one agent joining at 20 and leaving there."""
     why_not = openmpi_with_ulfm()
     if why_not:
         pytest.skip(why_not)
-    mpi, output = _launch(tmp_path, np_=2, method="gradient_tracking", restarts=0,
-                          mpi_args="--with-ft ulfm", env={"JAXFOG_TIMEOUT": "30"},
+    mpi, output = _launch(tmp_path, np_=2, method="gradient_tracking", kill="2:25:0",
+                          restarts=0, mpi_args="--with-ft ulfm", env={"JAXFOG_TIMEOUT": "30"},
                           extra=["--join", "12"])
     assert re.search(r"1 rank\(s\) joined in place at step 20; 3 rank\(s\) \(members \[0, 1, "
                      r"2\], the newcomers' state from rank 1", output), output
-    assert "restart" not in output, output  # in place: no relaunch
-    simulated = _simulated("gradient_tracking", 2, {20: je.Change(join=1)})
-    assert [r.members for r in simulated[2]] == [(0, 1), (0, 1, 2)]
-    assert simulated[2][1].copied_from == {2: 1}
-    _assert_same(mpi, simulated)
-
-
-def test_a_joined_rank_then_killed_is_survived_as_simulate_says(tmp_path):
-    """A join, then the newcomer's death: 2 ranks grow to 3 at step 20, and the
-    new rank 2 (member 2) is SIGKILLed at step 25; the two others shrink back
-    in place and redo the step. atc on the one-peer schedule, rebuilt for each
-    size, equals the simulation with that membership schedule."""
-    why_not = openmpi_with_ulfm()
-    if why_not:
-        pytest.skip(why_not)
-    mpi, output = _launch(tmp_path, np_=2, method="atc", kill="2:25:0", restarts=0,
-                          mpi_args="--with-ft ulfm", env={"JAXFOG_TIMEOUT": "30"},
-                          extra=["--join", "12"])
-    assert "joined in place at step 20" in output, output
     said = re.search(r"rank\(s\) \[2\] failed; resumed in place at step (\d+) on 2 rank\(s\)",
                      output)
     assert said and 22 <= int(said[1]) <= 25, output
-    simulated = _simulated("atc", 2, {20: je.Change(join=1),
-                                      int(said[1]): je.Change(leave=[2])})
+    assert "restart" not in output, output  # in place: no relaunch
+    simulated = _simulated("gradient_tracking", 2, {20: je.Change(join=1),
+                                                    int(said[1]): je.Change(leave=[2])})
     assert [r.members for r in simulated[2]] == [(0, 1), (0, 1, 2), (0, 1)]
+    assert simulated[2][1].copied_from == {2: 1}
     _assert_same(mpi, simulated)
 
 
