@@ -643,7 +643,7 @@ class State:
     def _joins_requested(self, control: str | None) -> tuple[list[str], bool]:
         """The hosts of the ranks asked to join in place (``""``: anywhere), from
         :func:`request_join` on any rank and ``jaxfog run``'s control file
-        (hosts a line), and whether to stop for a relaunch instead: the file
+        (a host a line, a line a rank), and whether to stop for a relaunch instead: the file
         is empty (hosts the launch did not have), or ranks are to join a job
         across hosts after a recovery in place (Open MPI 5.0.11's newcomer
         then fails in its MPI_Init); collective, rank 0 decides."""
@@ -657,7 +657,7 @@ class State:
             relaunch = not text.strip()
             if not relaunch:  # an empty file stays: the launcher reads it as a rescale
                 os.remove(control)
-            mine = mine + [host for host, slots in _parse_hosts(text) for _ in range(slots)]
+            mine = mine + text.split()
         said = comm.allgather((mine, relaunch)) if comm else [(mine, relaunch)]
         hosts = [h for requested, _ in said for h in requested]
         if said[0][1]:
@@ -686,17 +686,6 @@ class _Resume(NamedTuple):
     arrays: dict  # the state before ``step``, flattened (keystr -> numpy)
     members: list  # member id of each new rank
     copied: dict = {}  # newcomer rank -> the rank its state came from
-
-
-def _parse_hosts(text: str) -> list[tuple[str, int]]:
-    """``[(host, slots)]`` of ``host[:slots]`` lines (or commas)."""
-    found = []
-    for entry in text.replace(",", "\n").split():
-        host, _, slots = entry.partition(":")
-        if not slots.isdigit() and slots:
-            raise ValueError(f"{_WHAT}: join request {entry!r}: slots must be a number")
-        found.append((host, int(slots or 1)))
-    return found
 
 
 class Recovery(NamedTuple):
@@ -875,7 +864,7 @@ def _grow(ip: _InPlace, step: int, hosts: list[str]) -> None:
 
 
 def _tell_launcher_hosts() -> None:
-    """Writes the job's hosts (``host:ranks`` a line) beside ``jaxfog run``'s
+    """Writes the job's hosts (a rank's host a line) beside ``jaxfog run``'s
     control file, after a change in place, so that it asks for a host that
     comes back after its rank was lost; collective."""
     control = os.environ.get(CONTROL_ENV)
@@ -883,9 +872,8 @@ def _tell_launcher_hosts() -> None:
         return
     hosts = runtime.communicator().allgather(socket.gethostname())
     if runtime.rank() == 0:
-        counts = {h: hosts.count(h) for h in dict.fromkeys(hosts)}
         with open(control + ".hosts.partial", "w") as f:
-            f.write("".join(f"{h}:{n}\n" for h, n in counts.items()))
+            f.write("".join(f"{host}\n" for host in hosts))
         os.replace(control + ".hosts.partial", control + ".hosts")
 
 

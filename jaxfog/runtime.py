@@ -420,14 +420,11 @@ def init(topology: T.Topology | Any | None = None) -> None:
     if parent == MPI.COMM_NULL:
         _setup(lib, MPI.COMM_WORLD)
     else:  # spawned by the job's grow(): after its ranks, in one communicator with them
-        global _joined, _shrunk
+        global _joined
         merged = parent.Merge(high=True)
         parent.Disconnect()
-        try:
-            _setup(lib, merged)
-        finally:
-            merged.Free()
-        _joined = _shrunk = True
+        _set_up_again(lib, None, merged)
+        _joined = True
     ffi.register_handlers()
     # JAX (imported by now) tears its backends down at exit; shutdown must run
     # first, while dispatched computations can still be waited for.
@@ -554,13 +551,7 @@ def shrink() -> list[int]:
     _run_shutdown_hooks("abandon")
     survivors = state.python_comm.Shrink()
     old_ranks = survivors.allgather(state.rank)
-    global _state, _shrunk
-    _state, _shrunk = None, True
-    _release(lib, state.comms, state.python_comm, state.peers_comm)
-    try:
-        _setup(lib, survivors)
-    finally:
-        survivors.Free()
+    _set_up_again(lib, state, survivors)
     return old_ranks
 
 
@@ -632,14 +623,22 @@ def grow(count: int, hosts: Sequence[str] | None = None) -> int:
     _run_shutdown_hooks("fence")
     _run_shutdown_hooks("discard")
     _run_shutdown_hooks("abandon")
+    _set_up_again(lib, state, merged)
+    return state.size
+
+
+def _set_up_again(lib, state: _State | None, base) -> None:
+    """jaxfog over communicator ``base`` (freed after), in place of ``state``'s
+    (released first, if any): after :func:`shrink` and :func:`grow`, and in a
+    process :func:`grow` started. Such a process ends as survivors do."""
     global _state, _shrunk
     _state, _shrunk = None, True
-    _release(lib, state.comms, state.python_comm, state.peers_comm)
+    if state is not None:
+        _release(lib, state.comms, state.python_comm, state.peers_comm)
     try:
-        _setup(lib, merged)
+        _setup(lib, base)
     finally:
-        merged.Free()
-    return state.size
+        base.Free()
 
 
 def _end_stuck_spawn(where: str, seconds: float) -> None:

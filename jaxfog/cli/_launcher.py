@@ -441,7 +441,7 @@ def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: i
     it runs, a discovery script is run every ``JAXFOG_DISCOVERY_INTERVAL``
     seconds (default 10); when it names hosts or slots the job does not have,
     the job is asked to take them at its next snapshot (``jaxfog.elastic``):
-    the new hosts a line in the file ``JAXFOG_ELASTIC_CONTROL`` names. Under
+    the file ``JAXFOG_ELASTIC_CONTROL`` names them, a host a line, a line a rank. Under
     ULFM, ``jaxfog.elastic.run`` starts ranks there in place; elsewhere the job
     stops and is relaunched with them, without counting as a failure. Every rank learns
     the launch's number from ``JAXFOG_ELASTIC_RESTART``.
@@ -518,8 +518,9 @@ def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: i
                             # always so for hosts the launch lacks (an empty file): Open
                             # MPI 5.0.11 loses a daemon it adds to a running job.
                             inside = all(host in (found or {}) for host in wanted)
-                            Path(control).write_text(
-                                _format_hosts(wanted).replace(",", "\n") if inside else "")
+                            Path(control).write_text("".join(
+                                f"{host}\n" for host, slots in wanted.items()
+                                for _ in range(slots)) if inside else "")
                             for host, slots in wanted.items():
                                 running[host] = running.get(host, 0) + slots
             status = process.returncode
