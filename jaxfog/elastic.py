@@ -95,6 +95,7 @@ from jaxfog.ops.nonblocking import Handle
 from jaxfog.optax import _common
 from jaxfog.optax.compressed import BeerState, ChocoState
 from jaxfog.optax.exact import ExactDiffusionState, TrackingState
+from jaxfog.optax.local_sgd import NoLoCoState
 from jaxfog.optax.streaming import StreamingDiLoCoState
 
 #: Where snapshots go (default ``./jaxfog_elastic``); ``directory=`` overrides it.
@@ -180,6 +181,7 @@ def _public_copies(restored: Any, fresh: Any, params: Any, changed: bool):
 RULES: dict[type, Callable[..., Any]] = {
     _common.Delayed: _delayed, StreamingDiLoCoState: _streaming, TrackingState: _tracking,
     ExactDiffusionState: _exact, ChocoState: _public_copies, BeerState: _public_copies,
+    NoLoCoState: _public_copies,
 }
 
 

@@ -224,3 +224,6 @@ def compressed_cases(n: int, problem: Problem):
            jfo.gradient_allreduce(optax.sgd(lr), compressor=c, groups=1), c, 1)
     c = C.top_k(0.3)
     yield "awc EF top_k", jfo.awc(optax.sgd(lr), compressor=c, gamma=0.5), c, 1
+    # NoLoCo's public copies, a round every step over the current topology's links.
+    yield ("noloco top_k", jfo.noloco(optax.sgd(lr), every=1, communication="neighbor",
+                                      compressor=c), c, 1)

@@ -15,7 +15,7 @@ The communications (``communication=``) and the notation are described in
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -437,6 +437,11 @@ class NoLoCoState(NamedTuple):
     anchor: Tree
     #: :math:`\delta`, the outer momentum (zeros after ``init``).
     momentum: Tree
+    #: With a compressor, the public copies :math:`\hat y` of what travels
+    #: (:math:`\theta`, or :math:`(\phi, \theta)` with ``gamma``), else ``()``.
+    public: Any
+    #: This agent's base key of the compressor (raw uint32 words).
+    key: jax.Array
     #: Number of ``update`` calls so far (an int32 scalar).
     count: jax.Array  # type: ignore[assignment]  # optax's name; shadows tuple.count
 
@@ -445,8 +450,8 @@ class NoLoCoState(NamedTuple):
 def noloco(inner: optax.GradientTransformation, *, every: int,
            learning_rate: float | optax.Schedule = 0.7,
            momentum: float = 0.3, gamma: float | None = None, communication: str = "gossip",
-           topology: Any = None, period: int = 16,
-           seed: int = 0) -> optax.GradientTransformationExtraArgs:
+           topology: Any = None, period: int = 16, compressor: C.Compressor | None = None,
+           groups: Any = None, seed: int = 0) -> optax.GradientTransformationExtraArgs:
     r"""NoLoCo: DiLoCo without the all-reduce, averaging with one random peer.
 
     As in :func:`diloco`, every agent trains alone for :math:`H - 1` steps;
@@ -494,10 +499,37 @@ def noloco(inner: optax.GradientTransformation, *, every: int,
     * the paper's random routing of activations between pipeline stages is
       outside an optimizer's scope and is not done.
 
-    It takes no compressor: its anchors differ between agents and travel
-    with the pseudo-gradient (or as :math:`\theta`), and compressing them
-    needs public copies of the peers' anchors, as :func:`choco` keeps, which
-    a random peer each round would have to hold for every agent.
+    With a ``compressor`` :math:`C`, what travels is compressed as
+    :func:`choco` compresses parameters. The anchors differ between agents,
+    so the pseudo-gradient alone cannot carry the average; instead every
+    agent keeps *public copies* :math:`\hat y_j` of what each of its
+    in-neighbours sends (:math:`y = \theta`, or :math:`y = (\phi, \theta)`
+    with ``gamma``), and sends only the compressed difference from its own:
+
+    .. math::
+
+        q_i &= C(y_i - \hat y_i), \qquad
+        \hat y_j \leftarrow \hat y_j + q_j
+        \quad \text{for } j = i \text{ and every in-neighbour } j, \\
+        \bar y_i &= y_i + \sum_j W_{ij} (\hat y_j - \hat y_i),
+
+    with :math:`\hat y = 0` after ``init`` and the key of round :math:`t`
+    ``fold_in(fold_in(PRNGKey(seed), rank), t)``, folded with the group.
+    :math:`\bar y` takes the place of the exact average in the equations
+    above (:math:`\bar\Delta = \bar\phi - \bar\theta`). The public copies
+    are the error feedback: what :math:`C` left out of :math:`q_i` stays in
+    :math:`y_i - \hat y_i` and is sent later, and since :math:`\hat y_i`
+    follows :math:`y_i`, that difference is one round's progress, as
+    compressible as a pseudo-gradient. With a symmetric doubly stochastic
+    :math:`W` the correction sums to zero over the agents, so the agents'
+    mean moves as without compression; ``identity()`` gives the uncompressed
+    iterates. As for :func:`choco`, copies are kept for the union of the
+    in-neighbours over the schedule's period and every payload goes to the
+    union of the out-neighbours each round (with ``"gossip"``, every agent
+    another agent is ever paired with: all of them for ``n`` up to about
+    ``period``); the price is the union graph's bandwidth. With
+    ``"allreduce"`` (NoLoCo is then DiLoCo with an outer heavy-ball step)
+    compress with :func:`diloco` instead.
 
     Args:
       inner: the local optimizer, any optax transformation; its ``update``
@@ -512,7 +544,11 @@ def noloco(inner: optax.GradientTransformation, *, every: int,
       communication: ``"gossip"`` (default: one random peer), ``"neighbor"``
         (:math:`W` of ``topology``, e.g. a one-peer schedule) or
         ``"allreduce"``.
-      topology, period, seed: as for :func:`local_sgd`.
+      topology, period: as for :func:`local_sgd`.
+      compressor: a :class:`jaxfog.compress.Compressor` for what travels, or
+        ``None`` (dense); ``"gossip"`` and ``"neighbor"`` only.
+      groups: how leaves are merged before compression, as for :func:`choco`.
+      seed: as for :func:`local_sgd`, and the compressor's keys.
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -520,13 +556,18 @@ def noloco(inner: optax.GradientTransformation, *, every: int,
       ``params`` and returns :math:`\theta_i^{k+1} - \theta_i^k`.
 
     Raises:
-      TypeError, ValueError: as for :func:`local_sgd`, and for a
+      TypeError, ValueError: as for :func:`local_sgd`, for a
         ``learning_rate``, ``momentum`` or ``gamma`` that is not a number in
-        its range.
+        its range, a ``compressor`` that is not a Compressor, and one with
+        ``communication="allreduce"``.
 
     Example::
 
         optimizer = jaxfog.optax.noloco(optax.adamw(1e-3), every=50)
+        compressed = jaxfog.optax.noloco(
+            optax.adamw(1e-3), every=50, communication="neighbor",
+            topology=jaxfog.topology.one_peer_exponential(8),
+            compressor=jaxfog.compress.chunked_top_k(0.03, chunk=64, bits=2))
 
     References:
       Kolehmainen, Blagoev, Donaghy, Ersoy, Nies. *NoLoCo: No-all-reduce Low
@@ -537,11 +578,47 @@ def noloco(inner: optax.GradientTransformation, *, every: int,
     alpha = V.real("jaxfog.optax.noloco", "momentum", momentum, low=0.0, high=1.0)
     folded = gamma is None
     gamma = None if folded else V.real("jaxfog.optax.noloco", "gamma", gamma, low=0.0)
+    if compressor is not None:
+        G.check_compressor("noloco", compressor)
+        G.check_options("noloco", groups, seed)
+        if communication == "allreduce":
+            raise ValueError("jaxfog.optax.noloco: with communication='allreduce' NoLoCo is "
+                             "DiLoCo with an outer heavy-ball step; compress its allreduce "
+                             "with jaxfog.optax.diloco(inner, optax.sgd(learning_rate, "
+                             "momentum=momentum), compressor=...)")
     mix = _mixer(communication, topology, period, seed, "noloco")
 
+    def graph():
+        """The graph the public copies follow (only with a compressor)."""
+        if communication == "gossip":
+            return _random_pairs(runtime.size(), period, seed)
+        return topology
+
+    def sent(anchor, theta):
+        """What travels: theta, or (anchor, theta) with gamma."""
+        return theta if folded else (anchor, theta)
+
     def init(params: optax.Params) -> NoLoCoState:
+        public: Any = ()
+        if compressor is not None:
+            plan = G.layout(graph(), compressor, sent(params, params), groups)
+            links = cast(G.Links, plan.links)  # layout() with neighbors=True: never None
+            public = G.copies(compressor, C.merge(sent(params, params), plan.groups),
+                              G.degree(links))
         return NoLoCoState(inner.init(params), params, jax.tree.map(jnp.zeros_like, params),
-                           jnp.zeros([], jnp.int32))
+                           public, G.agent_key(seed), jnp.zeros([], jnp.int32))
+
+    def estimate(tree, public, key, t):
+        """(the average of ``tree`` estimated from the public copies, the copies
+        after round ``t``)."""
+        plan = G.layout(graph(), compressor, tree, groups)
+        links = cast(G.Links, plan.links)
+        G.check_degree("noloco", public, links)
+        y = C.merge(tree, plan.groups)
+        mine = G.compress(compressor, y, public, G.step_key(key, t))
+        public = G.receive(compressor, public, mine, G.exchange(links, mine))
+        mixed = [a + m for a, m in zip(y, G.mixing(public, G.row(links, t)))]
+        return C.split(mixed, tree, plan.groups), public
 
     def update(grads: optax.Updates, state: NoLoCoState, params: optax.Params | None = None,
                **extra: Any) -> tuple[optax.Updates, NoLoCoState]:
@@ -551,26 +628,33 @@ def noloco(inner: optax.GradientTransformation, *, every: int,
         sync, t = _rounds(state.count, every)
 
         def outer_step(ops):
-            theta, anchor, m = ops
+            theta, anchor, m, public = ops
             beta = V.step_size(learning_rate, t)
 
-            def cast(x, like):  # a schedule's value in the leaf's dtype (cond branches match)
+            def cast_to(x, like):  # a schedule's value in the leaf's dtype (cond branches match)
                 return jnp.asarray(x).astype(like.dtype)
 
-            if folded:  # beta (phi - mean theta): one copy of the parameters travels
-                pull = _sub(anchor, mix(theta, t))
-                m = jax.tree.map(lambda m, p: alpha * m - cast(beta, m) * p, m, pull)
+            if compressor is None:
+                mixed = mix(sent(anchor, theta) if folded else (anchor, _sub(anchor, theta)), t)
             else:
-                phi, delta = mix((anchor, _sub(anchor, theta)), t)
-                m = jax.tree.map(lambda m, d, a, f: (alpha * m - cast(beta, m) * d
+                mixed, public = estimate(sent(anchor, theta), public, state.key, t)
+                if not folded:  # (mean phi, mean theta) -> (mean phi, mean delta)
+                    mixed = (mixed[0], _sub(*mixed))
+            if folded:  # beta (phi - mean theta): one copy of the parameters travels
+                pull = _sub(anchor, mixed)
+                m = jax.tree.map(lambda m, p: alpha * m - cast_to(beta, m) * p, m, pull)
+            else:
+                phi, delta = mixed
+                m = jax.tree.map(lambda m, d, a, f: (alpha * m - cast_to(beta, m) * d
                                                      - gamma * (a - f)),
                                  m, delta, anchor, phi)
             anchor = _add(anchor, m)
-            return anchor, anchor, m
+            return anchor, anchor, m, public
 
-        theta, anchor, m = _when(sync, every, outer_step, lambda ops: ops,
-                                 (theta, state.anchor, state.momentum))
-        return _sub(theta, params), NoLoCoState(inner_state, anchor, m, state.count + 1)
+        theta, anchor, m, public = _when(sync, every, outer_step, lambda ops: ops,
+                                         (theta, state.anchor, state.momentum, state.public))
+        return _sub(theta, params), NoLoCoState(inner_state, anchor, m, public, state.key,
+                                                state.count + 1)
 
     return optax.GradientTransformationExtraArgs(init, update)
 
