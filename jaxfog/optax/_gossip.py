@@ -140,6 +140,16 @@ def mixing(state: PublicCopies, weights: jax.Array) -> Parts:
     return weighted_differences(weights, state.own, state.neighbors)
 
 
+def gossip_round(compressor: C.Compressor, links_: Links, target: Parts, state: PublicCopies,
+                 key: jax.Array, count: jax.Array) -> tuple[Parts, PublicCopies]:
+    r"""One round of CHOCO's gossip: ``C(target - own copy)`` sent to the
+    out-neighbours, every copy updated, then :math:`\sum_j W_{ij} (\hat x_j -
+    \hat x_i)` with step ``count``'s weights, and the new copies."""
+    mine = compress(compressor, target, state, key)
+    state = receive(compressor, state, mine, exchange(links_, mine))
+    return mixing(state, row(links_, count)), state
+
+
 
 # --- argument checks ----------------------------------------------------------------
 

@@ -123,10 +123,9 @@ def choco(inner: optax.GradientTransformation, *, compressor: C.Compressor, gamm
         G.check_degree("choco", state.public, links)
         u, inner_state = inner.update(grads, state.inner, params, **extra)
         half = C.merge(optax.apply_updates(params, u), plan.groups)
-        mine = G.compress(compressor, half, state.public, G.step_key(state.key, state.count))
-        public = G.receive(compressor, state.public, mine, G.exchange(links, mine))
-        weights = G.row(links, state.count)
-        new = [x + gamma * m for x, m in zip(half, G.mixing(public, weights))]
+        differences, public = G.gossip_round(compressor, links, half, state.public,
+                                             G.step_key(state.key, state.count), state.count)
+        new = [x + gamma * m for x, m in zip(half, differences)]
         x = C.split(new, params, plan.groups)
         return (jax.tree.map(lambda a, b: a - b, x, params),
                 ChocoState(inner_state, public, state.key, state.count + 1))

@@ -615,9 +615,9 @@ def noloco(inner: optax.GradientTransformation, *, every: int,
         links = cast(G.Links, plan.links)
         G.check_degree("noloco", public, links)
         y = C.merge(tree, plan.groups)
-        mine = G.compress(compressor, y, public, G.step_key(key, t))
-        public = G.receive(compressor, public, mine, G.exchange(links, mine))
-        mixed = [a + m for a, m in zip(y, G.mixing(public, G.row(links, t)))]
+        differences, public = G.gossip_round(compressor, links, y, public,
+                                             G.step_key(key, t), t)
+        mixed = [a + m for a, m in zip(y, differences)]
         return C.split(mixed, tree, plan.groups), public
 
     def update(grads: optax.Updates, state: NoLoCoState, params: optax.Params | None = None,
@@ -635,7 +635,7 @@ def noloco(inner: optax.GradientTransformation, *, every: int,
                 return jnp.asarray(x).astype(like.dtype)
 
             if compressor is None:
-                mixed = mix(sent(anchor, theta) if folded else (anchor, _sub(anchor, theta)), t)
+                mixed = mix(theta if folded else (anchor, _sub(anchor, theta)), t)
             else:
                 mixed, public = estimate(sent(anchor, theta), public, state.key, t)
                 if not folded:  # (mean phi, mean theta) -> (mean phi, mean delta)
