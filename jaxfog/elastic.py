@@ -104,7 +104,7 @@ DIRECTORY_ENV = "JAXFOG_ELASTIC_DIR"
 RESTART_ENV = "JAXFOG_ELASTIC_RESTART"
 #: Set by ``jaxfog run --max-restarts``: a file whose existence asks the job to stop at
 #: the next snapshot so that it is relaunched on the hosts now available (a host joined).
-CONTROL_ENV = "JAXFOG_ELASTIC_CONTROL"
+CONTROL_ENV = runtime.ELASTIC_CONTROL_ENV
 #: The exit status of every rank that stopped for such a relaunch.
 RESCALE_EXIT_STATUS = 75
 #: Steps between snapshots when ``every`` is not given.

@@ -87,6 +87,10 @@ STAGING_KEEP_BYTES = 2 << 30
 #: its path, so that :func:`grow` starts the newcomers as ``jaxfog run`` started the
 #: ranks (their environment, whole lines of output).
 RANK_SHIM_ENV = "JAXFOG_RANK_SHIM"
+#: Set by ``jaxfog run --max-restarts`` in the ranks: its control file. Rank 0
+#: writes ``<file>.started`` once MPI is up, so that the launcher tells a job
+#: that ran from a launch that failed before any rank started.
+ELASTIC_CONTROL_ENV = "JAXFOG_ELASTIC_CONTROL"
 
 # Communicator ids in the C++ registry: the world duplicate, the ranks of this
 # machine, and the machines' local rank 0s (registered on those ranks only).
@@ -419,6 +423,9 @@ def init(topology: T.Topology | Any | None = None) -> None:
     parent = MPI.Comm.Get_parent()
     if parent == MPI.COMM_NULL:
         _setup(lib, MPI.COMM_WORLD)
+        control = os.environ.get(ELASTIC_CONTROL_ENV)
+        if control and MPI.COMM_WORLD.Get_rank() == 0:
+            open(control + ".started", "w").close()
     else:  # spawned by the job's grow(): after its ranks, in one communicator with them
         global _joined
         merged = parent.Merge(high=True)

@@ -178,6 +178,67 @@ def test_a_relaunch_loads_what_the_first_launch_compiled(tmp_path):
     assert not os.path.exists(first.group(1))
 
 
+def _flaky_launcher(tmp_path: Path, fail_launches: str) -> Path:
+    """This machine's mpiexec behind a wrapper that exits with status 213 at
+    once, starting no rank, at the launches (counted from 1) listed in
+    ``fail_launches``: an MPI launcher that fails as Open MPI 5.0.11's does
+    now and then when the job before left a host a moment ago."""
+    from jaxfog.cli._launcher import find_mpiexec
+
+    wrapper = tmp_path / "mpiexec"
+    wrapper.write_text(f"""#!/bin/sh
+case "$1" in --version) exec {find_mpiexec()} "$@" ;; esac
+count=$(( $(cat {tmp_path}/launches 2>/dev/null || echo 0) + 1 ))
+echo $count > {tmp_path}/launches
+case " {fail_launches} " in *" $count "*) echo "launcher failed" >&2; exit 213 ;; esac
+exec {find_mpiexec()} "$@"
+""")
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    return wrapper
+
+
+_FAILS_AT_FIRST_LAUNCH = textwrap.dedent("""
+    import os, sys
+    import jaxfog as jf
+    jf.init()
+    launch = os.environ["JAXFOG_ELASTIC_RESTART"]
+    print(f"launch {launch}: rank {jf.rank()} of {jf.size()} started", flush=True)
+    sys.exit(3 if launch == "0" else 0)
+""")
+
+
+def test_a_relaunch_whose_launcher_fails_before_any_rank_starts_is_tried_again(tmp_path):
+    """The program fails at its first launch; the relaunch's MPI launcher then
+    fails twice before any rank starts (no rank 0 to say it started): `jaxfog
+    run` tries that relaunch again, without counting it against --max-restarts 1,
+    and the third try runs. A launcher that fails every time uses up the
+    retries, then the restarts, and the run ends with its exit status."""
+    program = tmp_path / "fails_first.py"
+    program.write_text(_FAILS_AT_FIRST_LAUNCH)
+
+    def launch(fail_launches: str):
+        env = {**launch_environment(),
+               "JAXFOG_MPIEXEC": str(_flaky_launcher(tmp_path, fail_launches))}
+        (tmp_path / "launches").unlink(missing_ok=True)
+        return run_command([sys.executable, "-m", "jaxfog.cli", "run", "-np", "2",
+                            "--max-restarts", "1", "--", sys.executable, str(program)],
+                           timeout=180, env=env)
+
+    result = launch("2 3")
+    assert result.ok, result.report()
+    output = result.output
+    for try_ in (1, 2):
+        assert (f"relaunch 1 failed before any rank started (exit status 213); trying it "
+                f"again in 2 s ({try_} of 2, not counted as a failure)") in output, output
+    assert output.count("launch 1: rank") == 2 and "restart 1 of 1" in output, output
+    assert (tmp_path / "launches").read_text().strip() == "4"
+
+    result = launch("2 3 4 5 6")
+    assert result.returncode == 213, result.report()
+    assert "--max-restarts 1 are spent; giving up" in result.output, result.output
+    assert (tmp_path / "launches").read_text().strip() == "4"
+
+
 @mpi_test(nprocs=(2,), timeout=120)
 def test_a_rank_whose_state_differs_is_refused_on_every_rank():
     """A joining host that runs another program (here rank 1's parameters have

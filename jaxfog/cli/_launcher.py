@@ -431,6 +431,12 @@ def _new_slots(running: Mapping[str, int], now: Mapping[str, int],
     return wanted
 
 
+#: A relaunch whose ranks never started (the launcher failed) is tried again this many
+#: times, after this many seconds, before it counts against ``--max-restarts``.
+UNSTARTED_RELAUNCH_RETRIES = 2
+UNSTARTED_RELAUNCH_PAUSE = 2.0
+
+
 def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: int = 1,
                 hosts: str | None = None, hostfile: str | None = None,
                 discovery_script: str | None = None, mpi_args: Sequence[str] = (),
@@ -444,7 +450,9 @@ def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: i
     the file ``JAXFOG_ELASTIC_CONTROL`` names them, a host a line, a line a rank. Under
     ULFM, ``jaxfog.elastic.run`` starts ranks there in place; elsewhere the job
     stops and is relaunched with them, without counting as a failure. Every rank learns
-    the launch's number from ``JAXFOG_ELASTIC_RESTART``.
+    the launch's number from ``JAXFOG_ELASTIC_RESTART``. A relaunch that fails before
+    its rank 0 started jaxfog (the MPI launcher's own failure) is tried again, up to
+    ``UNSTARTED_RELAUNCH_RETRIES`` times, without counting as a failure.
 
     The ranks keep XLA's compiled programs in JAX's persistent compilation
     cache, in a folder of the job's (unless ``JAX_COMPILATION_CACHE_DIR`` is
@@ -480,7 +488,7 @@ def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: i
     env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     found = listed if dry_run else None
     try:
-        failures = launch = 0
+        failures = launch = unstarted = 0
         while True:
             found = available() if not dry_run else found
             ranks = np if found is None else min(np, sum(found.values()))
@@ -498,7 +506,7 @@ def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: i
                 print(f"jaxfog run: relaunch {launch} on {ranks} rank(s)"
                       + (f" ({_format_hosts(found)})" if found else ""), file=sys.stderr,
                       flush=True)
-            for stale in (control, control + ".hosts", control + ".done"):
+            for stale in (control, control + ".hosts", control + ".done", control + ".started"):
                 if os.path.exists(stale):
                     os.remove(stale)
             started = time.monotonic()
@@ -533,6 +541,19 @@ def run_elastic(command: Sequence[str], np: int, *, max_restarts: int, min_np: i
                 print(f"jaxfog run: the job finished (its rank 0 says so); exit status "
                       f"{status} came from a rank lost on the way", file=sys.stderr, flush=True)
                 return 0
+            if (launch and not os.path.exists(control + ".started")
+                    and unstarted < UNSTARTED_RELAUNCH_RETRIES):
+                # No rank started: the MPI launcher itself failed, as Open MPI 5.0.11's
+                # does now and then when the job before left a host a moment ago (a
+                # daemon that "failed to report back"). Not the program's failure.
+                unstarted += 1
+                print(f"jaxfog run: relaunch {launch} failed before any rank started (exit "
+                      f"status {status}); trying it again in {UNSTARTED_RELAUNCH_PAUSE:g} s "
+                      f"({unstarted} of {UNSTARTED_RELAUNCH_RETRIES}, not counted as a "
+                      "failure)", file=sys.stderr, flush=True)
+                time.sleep(UNSTARTED_RELAUNCH_PAUSE)
+                continue
+            unstarted = 0
             launch += 1
             if rescaled:
                 print("jaxfog run: the job stopped to take in new hosts", file=sys.stderr,
