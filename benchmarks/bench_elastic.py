@@ -160,8 +160,14 @@ def summarize(run: dict, target: float) -> dict:
     if run["killed"] is not None:
         after = [t for t, _, launch, _ in rows if t > run["killed"] and launch > 0]
         recovery = after[0] - run["killed"] if after else None
+    stall = None
+    if run["joined"] is not None:
+        times = [t for t, _, _, _ in rows]
+        gaps = np.diff(times)
+        after = [g for t, g in zip(times[1:], gaps) if t > run["joined"]]
+        stall = max(after) - float(np.median(gaps)) if after else None
     return {"to_target": None if reached is None else reached - run["started"],
-            "total": run["ended"] - run["started"], "recovery": recovery,
+            "total": run["ended"] - run["started"], "recovery": recovery, "join": stall,
             "final": rows[-1][3] if rows else float("nan")}
 
 
@@ -221,11 +227,14 @@ def main(argv=None) -> int:
              "time to target / this scenario's; `recovery` = seconds from the kill to the "
              "first step completed after the resume (the relaunch: probe, start, imports, "
              "compile, resume; in place: the failure seen, the shrink, the step redone, "
-             "compiled for the new size).",
+             "compiled for the new size); `join stall` = the longest gap between two "
+             "logged snapshots after the new host was offered, less the usual gap (the "
+             "job stopping at its snapshot, the relaunch and the newcomer's live copy, "
+             "or the spawn in place).",
              "",
-             "| method | scenario | time to target (s) | goodput | recovery (s) | whole run (s) "
-             "| final accuracy |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             "| method | scenario | time to target (s) | goodput | recovery (s) | join stall (s) "
+             "| whole run (s) | final accuracy |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     import statistics
 
     def median(values):
@@ -242,6 +251,7 @@ def main(argv=None) -> int:
             fmt = lambda v, f="{:.1f}": "-" if v is None else f.format(v)  # noqa: E731
             lines.append(f"| {method} | {scenario} | {fmt(to_target)} | "
                          f"{fmt(goodput, '{:.2f}')} | {fmt(recovery)} | "
+                         f"{fmt(median(r['join'] for r in rows))} | "
                          f"{fmt(median(r['total'] for r in rows))} | "
                          f"{fmt(median(r['final'] for r in rows), '{:.3f}')} |")
     text = "\n".join(lines) + "\n"
