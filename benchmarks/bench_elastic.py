@@ -121,7 +121,8 @@ def run_one(cluster, method: str, scenario: str, steps: int, every: int, pace: f
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     output: list[str] = []
-    reader = threading.Thread(target=lambda: output.extend(process.stdout), daemon=True)
+    reader = threading.Thread(target=lambda: output.extend(  # each line with its time
+        f"{time.time() - started:7.2f} {line}" for line in process.stdout), daemon=True)
     reader.start()
     killed = joined = None
     while process.poll() is None:

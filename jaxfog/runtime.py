@@ -135,7 +135,10 @@ _joined = False
 #: reached its exit: Open MPI 5.0.11's waits forever in about 1 exit of 12.
 _EXIT_BOUND_AFTER_SHRINK_SECONDS = 5.0
 #: The status a process so bounded ends with: its work is done (0), or it
-#: stops to be relaunched (jaxfog.elastic sets RESCALE_EXIT_STATUS).
+#: stops to be relaunched (jaxfog.elastic sets RESCALE_EXIT_STATUS), and then
+#: ends without MPI_Finalize, once every survivor is there: the job is over
+#: either way, and Open MPI 5.0.11's waited out its bound at every such exit
+#: on the rig (5 s of a host's join).
 _exit_status_after_shrink = 0
 # What shutdown() runs, stage by stage in this order, each hook even if an
 # earlier one failed (registered by the layers above with on_shutdown):
@@ -476,6 +479,10 @@ def _shutdown(at_exit: bool) -> None:
     _release(lib, state.comms, state.python_comm, state.peers_comm)
     # MPI_Finalize comes next, and never ends if a peer became unreachable; after
     # a shrink, Open MPI 5.0.11's sometimes waits though every survivor is done.
+    if survivors_met and _exit_status_after_shrink:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status_after_shrink)
     if survivors_met:
         lib.jaxfog_bound_exit(_EXIT_BOUND_AFTER_SHRINK_SECONDS, _exit_status_after_shrink)
     elif at_exit:
