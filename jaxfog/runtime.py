@@ -428,7 +428,10 @@ def init(topology: T.Topology | Any | None = None) -> None:
         _setup(lib, MPI.COMM_WORLD)
         control = os.environ.get(ELASTIC_CONTROL_ENV)
         if control and MPI.COMM_WORLD.Get_rank() == 0:
-            open(control + ".started", "w").close()
+            try:
+                open(control + ".started", "w").close()
+            except OSError:  # rank 0 away from the launcher's files: no retry then
+                pass
     else:  # spawned by the job's grow(): after its ranks, in one communicator with them
         global _joined
         merged = parent.Merge(high=True)

@@ -239,6 +239,20 @@ def test_a_relaunch_whose_launcher_fails_before_any_rank_starts_is_tried_again(t
     assert (tmp_path / "launches").read_text().strip() == "4"
 
 
+def test_a_rank_0_that_cannot_see_the_launchers_files_still_starts(tmp_path):
+    """Rank 0 on a host without the launcher's folder (the control file's path
+    does not exist there): jaxfog.init goes on, and the job runs."""
+    program = tmp_path / "starts.py"
+    program.write_text("import jaxfog as jf\njf.init()\nprint('rank', jf.rank(), 'up')\n")
+    env = {**launch_environment(), "JAXFOG_ELASTIC_CONTROL": str(tmp_path / "absent" / "c")}
+    result = run_command([sys.executable, "-m", "jaxfog.cli", "run", "-np", "2", "--",
+                          sys.executable, str(program)],
+                         timeout=120, env=env)
+    assert result.ok, result.report()
+    assert "rank 0 up" in result.output and "rank 1 up" in result.output, result.output
+    assert not (tmp_path / "absent").exists()
+
+
 @mpi_test(nprocs=(2,), timeout=120)
 def test_a_rank_whose_state_differs_is_refused_on_every_rank():
     """A joining host that runs another program (here rank 1's parameters have
