@@ -1,5 +1,5 @@
 """One rank of the cluster bandwidth measurement (bench_cluster.py, and
-tests/test_cluster_netns.py's bandwidth case): times each exchange of an
+tests/runtime/test_cluster_netns.py's bandwidth case): times each exchange of an
 ``elements``-float32 model; rank 0 prints one JSON line of seconds per step.
 
 Usage: python _cluster_exchange.py ELEMENTS STEPS METHOD[,METHOD...]

@@ -22,7 +22,7 @@ message sizes, fewer dispatch repeats). ``--platform cpu --sizes ...`` runs the
 exchange part on CPU arrays over MPI (the floor included), and ``--platform cpu
 --part simulate`` the simulate part on 5 agents x 1e3 values (the tiled kernel
 in Pallas' interpreter), so both are tested where there is no GPU
-(tests/test_bench_gpu.py).
+(tests/gpu/test_bench_gpu.py).
 
 Each part runs as its own process so that one failure does not hide the rest;
 ``--part`` runs one (``scripts/gpu_check.sh`` gives each its own device call).

@@ -1,6 +1,6 @@
 """Sphinx configuration: the API reference is built from the docstrings.
 
-``tests/test_docs.py`` builds it with warnings as errors, so a docstring that
+``tests/examples/test_docs.py`` builds it with warnings as errors, so a docstring that
 does not render or a reference to a name that no longer exists fails the suite.
 """
 

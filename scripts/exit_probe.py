@@ -18,7 +18,7 @@ hooks of jaxfog and JAX (atexit runs them last registered first):
 
 Prints a table and exits 1 when a rank took more than ``--limit`` seconds from
 its last op to the end of the launch. ``scripts/gpu_check.sh`` runs it on the
-GPU (stage ``exit``); ``tests/test_gpu_check_script.py`` runs it on the CPU.
+GPU (stage ``exit``); ``tests/gpu/test_gpu_check_script.py`` runs it on the CPU.
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@
 #                   is missing or stale: pip install --no-build-isolation --no-deps -e .);
 #                   `jaxfog info`; the exported-symbol check (no std::, GNU_UNIQUE,
 #                   cuda* or nccl* symbol)
-#   gpu-tests       tests/test_gpu.py whole (staged and nccl are parts of it)
+#   gpu-tests       tests/gpu/test_gpu.py whole (staged and nccl are parts of it)
 #   exit            scripts/exit_probe.py on the GPU: how long a process that used it
 #                   takes to exit, phase by phase (NCCL, host-staged, 2 ranks)
-#   mpi-suite       tests/test_ops_mpi.py and test_nonblocking_mpi.py on GPU arrays,
+#   mpi-suite       tests/ops/test_ops_mpi.py and test_nonblocking_mpi.py on GPU arrays,
 #                   host-staged, each test at its smallest rank count
 #   bench-exchange  exchange 4 KB..64 MB (NCCL, staged) against device copies and
 #                   pinned host round trips, the staged allgather against its floor
@@ -290,12 +290,12 @@ echo "exported: std:: $std, GNU_UNIQUE $unique, cuda*/nccl* $cuda (expect 0 each
 
 stage_units() {
   build || return
-  pytest_ units 300 tests/test_jax_compat.py tests/test_gpu_build.py tests/test_ffi_units.py
+  pytest_ units 300 tests/ops/test_jax_compat.py tests/ffi/test_gpu_build.py tests/ffi/test_ffi_units.py
 }
 
-stage_gpu_tests() { pytest_ gpu-tests 240 tests/test_gpu.py; }
-stage_staged() { pytest_ staged 180 tests/test_gpu.py -k "simulated or one_process_staged"; }
-stage_nccl() { pytest_ nccl 180 tests/test_gpu.py -k nccl; }
+stage_gpu_tests() { pytest_ gpu-tests 240 tests/gpu/test_gpu.py; }
+stage_staged() { pytest_ staged 180 tests/gpu/test_gpu.py -k "simulated or one_process_staged"; }
+stage_nccl() { pytest_ nccl 180 tests/gpu/test_gpu.py -k nccl; }
 
 stage_exit() {
   step exit-nccl 60 "$PY" scripts/exit_probe.py --platform cuda --timeout 50
@@ -309,13 +309,13 @@ stage_exit() {
 # every rank count took 184 s on the H200.
 stage_mpi_suite() {
   JAXFOG_TEST_PLATFORMS=cuda JAXFOG_BACKEND=mpi pytest_ mpi-suite 240 --first-param-only \
-    tests/test_ops_mpi.py tests/test_nonblocking_mpi.py
+    tests/ops/test_ops_mpi.py tests/ops/test_nonblocking_mpi.py
 }
 
 # Windows first (about 4 s a test), optax last (93 s for one test on the H200).
 stage_training() {
   JAXFOG_TEST_PLATFORMS=cuda JAXFOG_BACKEND=mpi pytest_ training 300 --first-param-only \
-    tests/test_window_mpi.py tests/test_train_digits.py tests/test_optax_mpi.py
+    tests/ops/test_window_mpi.py tests/examples/test_train_digits.py tests/optax/test_optax_mpi.py
 }
 
 # The language model at its GPU size, shortened to fit (100 steps of allreduce,

@@ -1,4 +1,4 @@
-"""One rank of a fault test (tests/test_cluster_netns.py): ring averaging until
+"""One rank of a fault test (tests/runtime/test_cluster_netns.py): ring averaging until
 something fails, a checkpoint before the fault; prints how it ended.
 
 Usage: python cluster_fault_rank.py DIRECTORY ELEMENTS. Each rank saves its state at

@@ -1,5 +1,9 @@
-"""Fixtures shared by the test modules (pytest loads this file; the MPI ranks
-that run a test's body import only the test's own module)."""
+"""Fixtures shared by the test modules, which sit in folders that mirror the
+package (``ops/``, ``optax/``, ...; ``examples/`` for the docs and examples,
+``project/`` for the tree's own rules). The helpers they share sit in this
+folder; the MPI harness (``mpi_harness``) and the cluster of namespaces
+(``netns_rig``) are plugins. The MPI ranks that run a test's bodies import
+only the test's own module, with its folder and this one on PYTHONPATH."""
 
 from __future__ import annotations
 
@@ -21,11 +25,19 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     # The last thing at exit (registered first): JAX may still compile in exit handlers.
     atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
+# The processes the tests start (MPI ranks, scripts) import the shared helpers
+# from here: an environment variable, so that nothing edits sys.path.
+_HELPERS = os.path.dirname(os.path.abspath(__file__))
+if _HELPERS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [_HELPERS, *filter(None, [os.environ.get("PYTHONPATH")])])
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-#: The cluster-of-namespaces fixture (``netns_cluster_factory``), for any module.
-pytest_plugins = ("netns_rig",)
+#: ``@mpi_test`` (its collection hook), and the cluster-of-namespaces fixture
+#: (``netns_cluster_factory``), for any module.
+pytest_plugins = ("mpi_harness", "netns_rig")
 
 
 @pytest.fixture
@@ -44,12 +56,3 @@ def problem():
 
     return optax_cases.least_squares(4)
 
-
-def pytest_collection_finish(session):
-    """Tells ``mpi_harness`` which multi-rank tests run, so that a launch runs
-    only selected bodies (``-k``, a node id)."""
-    import mpi_harness
-
-    mpi_harness.SELECTED = {
-        item.function.mpi_entry.key(item.callspec.params["nprocs"])
-        for item in session.items if hasattr(getattr(item, "function", None), "mpi_entry")}

@@ -42,7 +42,7 @@ class _Body:
 
     def key(self, nprocs: int) -> tuple:
         """What names this body's test on ``nprocs`` ranks (a body may be
-        registered twice: tests/test_gpu_build.py runs others' with its env)."""
+        registered twice: tests/ffi/test_gpu_build.py runs others' with its env)."""
         return (self.file, self.name, nprocs, tuple(sorted(self.env.items())))
 
     def launch_env(self, nprocs: int) -> dict[str, str]:
@@ -55,7 +55,7 @@ _BODIES: dict[str, list[_Body]] = {}
 #: ``_Body.key`` -> None (passed) or the failure's report, for the bodies that
 #: ran in a launch before their test was called.
 _OUTCOMES: dict[tuple, str | None] = {}
-#: The ``_Body.key`` of the tests pytest selected (set by conftest.py).
+#: The ``_Body.key`` of the tests pytest selected (set by the hook below).
 SELECTED: set[tuple] | None = None
 
 
@@ -92,6 +92,15 @@ def mpi_test(nprocs: Sequence[int] = DEFAULT_NPROCS, *, timeout: float = 120,
 
     return decorate
 
+
+
+def pytest_collection_finish(session):
+    """Records which multi-rank tests run (a pytest hook: this module is a
+    plugin), so that a launch runs only selected bodies (``-k``, a node id)."""
+    global SELECTED
+    SELECTED = {
+        item.function.mpi_entry.key(item.callspec.params["nprocs"])
+        for item in session.items if hasattr(getattr(item, "function", None), "mpi_entry")}
 
 def _batch(first: _Body, nprocs: int) -> list[_Body]:
     """``first`` and the selected bodies after it in its module that can share its launch."""

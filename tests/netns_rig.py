@@ -14,8 +14,9 @@ from typing import Mapping, Sequence
 import pytest
 
 from jaxfog.testing import MpiResult, beside, launch_environment, load_module, run_command
+from paths import SCRIPTS
 
-netns_cluster = load_module(Path(__file__).resolve().parents[1] / "scripts" / "netns_cluster.py")
+netns_cluster = load_module(SCRIPTS / "netns_cluster.py")
 
 
 @pytest.fixture

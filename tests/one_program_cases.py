@@ -4,8 +4,8 @@ Every op with every form of its arguments (numbers, ``{rank: w}`` dicts, lists
 of ranks, rows of n weights, rank-indexed (n,) and (n, n) tables, (n, k)
 tables of ranks, tables of peers), the window ops, every optax transformation
 and the asynchronous trainers, as per-agent functions of stacked arguments.
-``tests/test_one_program_mpi.py`` runs them on MPI processes and
-``tests/test_mesh_mpi.py`` on a device mesh, each against the vmapped
+``tests/runtime/test_one_program_mpi.py`` runs them on MPI processes and
+``tests/mesh/test_mesh_mpi.py`` on a device mesh, each against the vmapped
 simulation, to 1e-12 in float64 (x64 must be on).
 """
 

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from jaxfog.errors import FfiLibraryError
 
 #: Names another build of the FFI library to load instead of the installed one,
-#: e.g. one compiled against a second MPI (``tests/test_openmpi.py`` runs the MPI
+#: e.g. one compiled against a second MPI (``tests/ffi/test_openmpi.py`` runs the MPI
 #: suites on Open MPI this way, beside the mpich wheel).
 LIBRARY_ENV = "JAXFOG_FFI_LIBRARY"
 LIBRARY_PATH = (Path(os.environ[LIBRARY_ENV]).resolve() if os.environ.get(LIBRARY_ENV)

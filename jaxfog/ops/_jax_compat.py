@@ -1,7 +1,7 @@
 """Every use of JAX API that is not public, in one place.
 
 jaxfog needs a few things JAX exports no public name for. Each is reached
-through one function here, and ``tests/test_jax_compat.py`` has one test per
+through one function here, and ``tests/ops/test_jax_compat.py`` has one test per
 touchpoint, so that a JAX upgrade that moves one fails in a named test instead
 of at import or, worse, silently. Nothing here is monkeypatched on the
 ``jaxfog.jit`` path; the one patch left (:func:`keep_aot_calls_on_token_path`)
@@ -28,7 +28,7 @@ TESTED_JAX = ((0, 10), (0, 11), (0, 12))
 
 #: Touchpoints that failed when jaxfog was imported: name -> the error. A JAX
 #: that moved one still imports jaxfog; the ops that need it raise
-#: :class:`JaxCompatError` naming it, and ``tests/test_jax_compat.py`` fails.
+#: :class:`JaxCompatError` naming it, and ``tests/ops/test_jax_compat.py`` fails.
 BROKEN: dict[str, BaseException] = {}
 
 

@@ -107,7 +107,7 @@ def lower_comm_call(ctx: mlir.LoweringRuleContext, target: str, operands: Sequen
 #: ``attributes(avals_in, **params)`` (the nonblocking start lowers with them).
 ATTRIBUTES: dict[jex_core.Primitive, Callable[..., dict]] = {}
 
-#: Every FFI target a primitive lowers to, by op name (``tests/test_op_table.py``
+#: Every FFI target a primitive lowers to, by op name (``tests/ops/test_op_table.py``
 #: checks them against the op table the C++ library exports).
 TARGETS: dict[str, str] = {}
 

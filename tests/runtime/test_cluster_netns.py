@@ -20,6 +20,7 @@ import pytest
 
 from mpi_harness import openmpi_with_ulfm
 from netns_rig import body, launch, rank_processes
+from paths import REPO, TESTS
 
 #: A payload big enough that its crossing dwarfs the launch's own traffic.
 PAYLOAD = 1 << 20  # float32 elements, 4 MB
@@ -73,7 +74,7 @@ def test_windows_across_hosts_with_hosts_option(netns_cluster_factory):
     sleeps outside MPI (the progress thread ``jaxfog run`` turns on for hosts),
     and the window semantics match numpy on 2 hosts."""
     cluster = netns_cluster_factory(2)
-    windows = os.path.join(os.path.dirname(__file__), "test_window_mpi.py")
+    windows = str(TESTS / "ops" / "test_window_mpi.py")
     for case in ("test_writes_do_not_wait_for_a_busy_target",
                  "test_put_accumulate_update_against_numpy"):
         result = body(cluster, 2, windows, case, hosts_option=True, timeout=180)
@@ -84,7 +85,7 @@ def test_jax_distributed_mesh_across_hosts(netns_cluster_factory):
     """jax.distributed's coordinator and gloo between hosts named by hostname;
     every op on the device mesh against the simulation and numpy."""
     cluster = netns_cluster_factory(2)
-    mesh = os.path.join(os.path.dirname(__file__), "test_mesh_mpi.py")
+    mesh = str(TESTS / "mesh" / "test_mesh_mpi.py")
     result = body(cluster, 2, mesh, "test_mesh_ops_grad_scan_and_agents", timeout=240)
     assert result.ok, result.report()
 
@@ -133,7 +134,7 @@ def _start_fault_job(cluster, n: int, tmp_path, *, mpi_args=(),
     from jaxfog.testing import launch_environment, run_command
     from netns_rig import run_command_args
 
-    script = os.path.join(os.path.dirname(__file__), "cluster_fault_rank.py")
+    script = str(TESTS / "cluster_fault_rank.py")
     rank = shlex.join([sys.executable, script, str(tmp_path), str(FAULT_ELEMENTS)])
     command = run_command_args(
         cluster, n, ["sh", "-c", f"exec {rank} 2> {tmp_path}/stderr."
@@ -299,7 +300,7 @@ def test_a_host_that_never_joins_ends_the_others_in_init(netns_cluster_factory, 
     n, bound = 4, 15
     cluster = netns_cluster_factory(n)
     cluster.never_join(3)
-    script = os.path.join(os.path.dirname(__file__), "cluster_fault_rank.py")
+    script = str(TESTS / "cluster_fault_rank.py")
     command = run_command_args(cluster, n, ["sh", "-c", f"exec {sys.executable} {script} "
                                             f"{tmp_path} 1024 2> {tmp_path}/stderr.$PMI_RANK"])
     env = cluster.environment(launch_environment({"JAXFOG_INIT_TIMEOUT": str(bound)}))
@@ -343,8 +344,7 @@ def test_one_peer_gossip_beats_allreduce_where_bandwidth_is_scarce(netns_cluster
 
     n, steps = 4, 3
     cluster = netns_cluster_factory(n, rate="100mbit")
-    program = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "benchmarks", "_cluster_exchange.py")
+    program = str(REPO / "benchmarks" / "_cluster_exchange.py")
     sent = []
     seconds = {}
     for method in ("allreduce", "one-peer"):

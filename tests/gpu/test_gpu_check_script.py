@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from jaxfog.testing import load_module
+from paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 DEFAULT = ["build", "gpu-tests", "exit", "mpi-suite", "bench-exchange", "bench-sim", "lm",
            "overlap", "training"]
@@ -158,11 +159,11 @@ def test_first_param_only_keeps_each_tests_smallest_rank_count():
     """The MPI suites' cut in the GPU check (scripts/pytest_progress.py)."""
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "pytest_progress", "--first-param-only",
-         "--collect-only", "-q", "-p", "no:cacheprovider", "tests/test_ops_mpi.py"],
+         "--collect-only", "-q", "-p", "no:cacheprovider", "tests/ops/test_ops_mpi.py"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])})
     assert run.returncode == 0, run.stdout + run.stderr
-    ids = re.findall(r"^tests/test_ops_mpi.py::(\w+)\[(\d+)\]$", run.stdout, re.M)
+    ids = re.findall(r"^tests/ops/test_ops_mpi.py::(\w+)\[(\d+)\]$", run.stdout, re.M)
     functions = [name for name, _ in ids]
     assert len(functions) == len(set(functions)) >= 10
     assert dict(ids)["test_collectives"] == "2"

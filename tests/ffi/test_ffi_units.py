@@ -12,8 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
-FFI = Path(__file__).resolve().parent.parent / "jaxfog" / "ffi"
+FFI = REPO / "jaxfog" / "ffi"
 CXX = shutil.which("g++") or shutil.which("c++")
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")

@@ -8,7 +8,7 @@
 * the host-staging code itself, on MPI ranks, with memcpy standing in for the
   device copies (``JAXFOG_HOST_STAGING=1``): op results against numpy.
 
-What needs a GPU is in ``tests/test_gpu.py`` (run by ``scripts/gpu_check.sh``).
+What needs a GPU is in ``tests/gpu/test_gpu.py`` (run by ``scripts/gpu_check.sh``).
 """
 
 from __future__ import annotations
@@ -30,10 +30,13 @@ from jaxfog import ffi, runtime
 from jaxfog.ffi import _nccl_setup as nccl_setup
 from jaxfog.ops import _plan
 from jaxfog.ops.neighbor import neighbor_allreduce_p
+from jaxfog.testing import load_module, run_mpi
 from mpi_harness import mpi_test
-from jaxfog.testing import run_mpi
-import test_ops_mpi
-import test_window_mpi
+from paths import SCRIPTS, TESTS
+
+# The ops' and windows' multi-rank bodies, run again host-staged.
+test_ops_mpi = load_module(TESTS / "ops" / "test_ops_mpi.py")
+test_window_mpi = load_module(TESTS / "ops" / "test_window_mpi.py")
 
 pytestmark = pytest.mark.jax_internals
 
@@ -215,16 +218,14 @@ test_staged_window_state = _staged(test_window_mpi.test_get_versions_and_collect
 
 @mpi_test(nprocs=(1,), env=STAGED)
 def test_staged_self_exchange():
-    """The GPU check's self exchange (tests/test_gpu.py), host-staged on CPU."""
-    import test_gpu
-
+    """The GPU check's self exchange (tests/gpu/test_gpu.py), host-staged on CPU."""
     jf.init()
-    test_gpu.self_exchange_values()
+    load_module(TESTS / "gpu" / "test_gpu.py").self_exchange_values()
 
 
 def test_gpu_check_stages_are_complete():
     """Every stage the GPU check names runs, and anything else is refused."""
-    script = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.sh"
+    script = SCRIPTS / "gpu_check.sh"
     text = script.read_text()
     stages = re.search(r'STAGES="([^"]+)"', text).group(1).split()
     assert stages[0] == "probe" and "nccl" in stages and "bench-exchange" in stages

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from test_examples_sim import EXAMPLES, _example
+from test_examples_sim import _example
 
 from jaxfog.cli import _launcher as launcher
 from jaxfog.testing import launch_environment, platforms, run_command
+from paths import EXAMPLES
 
 SHORT = ["--epochs", "6", "--methods", "allreduce,atc,awc", "--graphs", "one-peer",
          "--compress", "sign", "--no-progress", "--quiet"]
@@ -57,7 +58,7 @@ def test_mpi_processes_train_like_the_simulated_agents(tmp_path):
         for mpi_row, sim_row in zip(on_mpi[label], simulated[label]):
             # float32, summed in another order: the same training to rounding
             # (a sign flips on a near-zero entry now and then: choco's looser bound;
-            # tests/test_compressed_mpi.py checks it to 1e-10 in float64).
+            # tests/compress/test_compressed_mpi.py checks it to 1e-10 in float64).
             np.testing.assert_allclose(mpi_row["step_losses"], sim_row["step_losses"],
                                        rtol=2e-2 if label.startswith("choco") else 1e-3,
                                        err_msg=label)

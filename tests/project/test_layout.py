@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
-PACKAGE = Path(__file__).resolve().parent.parent / "jaxfog"
+PACKAGE = REPO / "jaxfog"
 
 # layers-begin
 #: jaxfog's layers, bottom first: (what, modules). A module imports only from
@@ -388,3 +389,30 @@ def test_nothing_edits_sys_path():
                  for n, line in enumerate(p.read_text().splitlines(), 1)
                  if edit.search(line) and "edit = re.compile" not in line]
     assert not offenders, offenders
+
+
+#: Test folders that are not a part of the package: the docs and examples as a
+#: user runs them, what the GPU machine runs (scripts/gpu_check.sh), and the
+#: tree's own rules (this file).
+_TEST_FOLDERS_BEYOND_THE_PACKAGE = {"examples", "gpu", "project"}
+
+
+def test_test_folders_mirror_the_package():
+    """Every test module sits in a folder named after the part of the package
+    it tests (a subpackage, or a module of jaxfog/ itself), or in examples/, gpu/
+    or project/; the shared helpers sit in tests/ and no test module does; no two
+    test modules share a name (pytest imports them by name, and the MPI ranks
+    by folder)."""
+    tests = PACKAGE.parent / "tests"
+    parts = {p.stem for p in PACKAGE.iterdir()
+             if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
+    loose = sorted(p.name for p in tests.glob("test_*.py"))
+    assert not loose, f"test modules outside a folder: {loose}"
+    folders = sorted(p.name for p in tests.iterdir()
+                     if p.is_dir() and not p.name.startswith((".", "_")))
+    unknown = [f for f in folders if f not in parts | _TEST_FOLDERS_BEYOND_THE_PACKAGE]
+    assert not unknown, f"test folders that name no part of jaxfog: {unknown}"
+    names = [p.name for p in tests.glob("*/test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    helpers = [p.name for p in tests.glob("*/*.py") if not p.name.startswith("test_")]
+    assert not helpers, f"helpers belong in tests/ (shared), not in a folder: {helpers}"

@@ -98,7 +98,7 @@ def test_update_needs_params():
 
 def test_atc_unfused_gives_the_fused_iterates():
     """fused=False gives the fused iterates (numpy: W (x + u)); the messages
-    per leaf on MPI processes: tests/test_optax_mpi.py."""
+    per leaf on MPI processes: tests/optax/test_optax_mpi.py."""
     n, steps = 4, 5
     schedule = T.one_peer_exponential(n)
     X = np.random.default_rng(3).standard_normal((n, 6)).astype(np.float32)

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from jaxfog.testing import launch_environment, run_command
+from paths import TESTS
 
 pytestmark = pytest.mark.numerical
 
-PROGRAM = Path(__file__).with_name("user_digits_program.py")
+PROGRAM = TESTS / "user_digits_program.py"
 METHODS = ["atc", "awc", "gradient_tracking", "exact_diffusion"]
 # float32 sums in another order; the measured gap is 5e-7 after 30 steps.
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}

@@ -10,7 +10,7 @@ queued or running (issue 23). Every value is checked against numpy.
 With jax 0.10 PjRt happens not to start a call before the previous one's
 communication has run (a timeline of the old library showed no overlap, and
 this test passed with it), so this guards the order against changes there;
-tests/test_ffi_units.py checks the communication thread's order directly.
+tests/ffi/test_ffi_units.py checks the communication thread's order directly.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ import pytest
 import setuptools
 
 from jaxfog import ffi
+from paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

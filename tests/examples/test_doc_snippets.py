@@ -12,7 +12,7 @@ processes instead of one plain ``python`` (``.. doc-snippet run: python`` starts
 a new plain one): the blocks after it, up to the next such line, are that
 program. A ``.. code-block:: text`` right after a Python block is the output
 the page promises: the program must print it (numbers compared to 1e-5). The
-README's Python is its quickstart, run both ways by ``tests/test_docs.py``; the
+README's Python is its quickstart, run both ways by ``tests/examples/test_docs.py``; the
 install commands are what ``.ci/run`` runs.
 """
 
@@ -24,13 +24,12 @@ import shlex
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pytest
+from paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 MARK = "doc-snippet"
 

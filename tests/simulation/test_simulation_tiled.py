@@ -5,7 +5,6 @@ its Triton lowering built for CUDA without a GPU. Its speed is the GPU check's
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +15,10 @@ import jaxfog as jf
 import jaxfog.topology as T
 from jaxfog.simulation import _tiled
 from jaxfog.testing import load_module
+from paths import REPO
 
 # in- and out-degree 4
-random_regular = load_module(Path(__file__).resolve().parents[1] / "benchmarks"
+random_regular = load_module(REPO / "benchmarks"
                              / "bench_simulate.py").random_regular
 
 pytestmark = [pytest.mark.jax_internals, pytest.mark.numerical]
@@ -215,7 +215,7 @@ def test_the_switch(monkeypatch):
 
 def test_explicit_meshes_keep_the_gather_path():
     """Pallas takes no sharding-typed operands: under jax.set_mesh with an
-    Explicit axis (tests/test_mesh.py's case) the gather path runs."""
+    Explicit axis (tests/mesh/test_mesh.py's case) the gather path runs."""
     n = 4
     X = np.random.default_rng(10).standard_normal((n, 6)).astype(np.float32)
     mesh = jax.make_mesh((1,), ("agents",), axis_types=(jax.sharding.AxisType.Explicit,))
@@ -228,7 +228,7 @@ def test_explicit_meshes_keep_the_gather_path():
 
 @pytest.mark.skipif(jax.__version_info__ >= (0, 12),
                     reason="jax >= 0.12 lowers Pallas' Triton backend only for a GPU it "
-                           "can see (or an abstract device): tests/test_gpu.py compiles "
+                           "can see (or an abstract device): tests/gpu/test_gpu.py compiles "
                            "the kernel on the GPU machine")
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32])
 def test_triton_lowering_builds_without_a_gpu(dtype):

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxfog.testing import run_mpi
+from paths import TESTS
 
-BODIES = Path(__file__).with_name("mpi_bodies.py")
+BODIES = TESTS / "mpi_bodies.py"
 
 
 def test_success_exits_zero():

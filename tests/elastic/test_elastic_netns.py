@@ -24,8 +24,9 @@ import pytest
 from jaxfog.testing import launch_environment, run_command
 from mpi_harness import openmpi_with_ulfm
 from netns_rig import rank_processes
+from paths import EXAMPLES
 
-PROGRAM = Path(__file__).resolve().parents[1] / "examples" / "elastic_digits.py"
+PROGRAM = EXAMPLES / "elastic_digits.py"
 STEPS, EVERY = 60, 10
 
 

@@ -25,8 +25,9 @@ import numpy as np
 
 from jaxfog.testing import launch_environment, run_command
 from mpi_harness import mpi_test
+from paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 PROGRAM = ROOT / "examples" / "elastic_digits.py"
 STEPS, EVERY = 40, 10
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
 from jaxfog.testing import load_module
+from paths import EXAMPLES
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def _example(name: str):

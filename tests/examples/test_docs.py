@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
+from paths import DOCS
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def test_docs_build_without_warnings(tmp_path):

