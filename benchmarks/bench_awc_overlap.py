@@ -12,8 +12,8 @@ median of the slowest rank's blocking time per step:
 * ``comm``: ``neighbor_allreduce`` of the parameters alone,
 * ``atc`` and ``awc``: the full steps,
 
-each with the exchange run inline on XLA's thread (``set_async_min_bytes(None)``)
-and from jaxfog's communication thread (``set_async_min_bytes(0)``). Overlap is
+each with the exchange run inline on XLA's thread (``set_comm_thread_min_bytes(None)``)
+and from jaxfog's communication thread (``set_comm_thread_min_bytes(0)``). Overlap is
 ``(compute + comm - awc) / min(compute, comm)``: 0 for none, 1 for complete.
 
 A second scenario makes rank 1 a straggler: it starts each step ``compute`` ms
@@ -152,7 +152,7 @@ def main() -> None:
         fns = steps(params, batch, args.width)
         row = {"batch": batch}
         for mode, threshold in (("inline", None), ("async", 0)):
-            jf.set_async_min_bytes(threshold)
+            jf.set_comm_thread_min_bytes(threshold)
             times = {name: timeit(fn, args.repeats) for name, fn in fns.items()}
             if mode == "inline":
                 row.update(compute=times["compute"], comm=times["comm"])
@@ -163,7 +163,7 @@ def main() -> None:
             row[f"late peer {mode}"] = late_peer_time(fns["awc"], row["compute"] / 1e3,
                                                       args.repeats)
         rows.append(row)
-    jf.set_async_min_bytes(0)
+    jf.set_comm_thread_min_bytes(0)
     last = steps(params, int(args.batches.split(",")[-1]), args.width)
     events = trace_events(last["awc"])
     unfused_events = trace_events(last["atc unfused"])

@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--label", default=None, help="results file suffix")
     args = parser.parse_args()
     jf.set_topology(T.exponential(SIZE))
-    jf.set_async_min_bytes(0)  # the exchange on the communication thread
+    jf.set_comm_thread_min_bytes(0)  # the exchange on the communication thread
     params = mlp(args.width, args.depth)
     megabytes = sum(p.nbytes for p in params) / 1e6
     if args.late and args.both:

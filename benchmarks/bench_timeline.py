@@ -78,7 +78,7 @@ def main() -> None:
     for nbytes in map(int, args.sizes.split(",")):
         x = jnp.full(nbytes // 4, float(RANK), jnp.float32)
         for mode, threshold in (("inline", None), ("async", 0)):
-            jf.set_async_min_bytes(threshold)
+            jf.set_comm_thread_min_bytes(threshold)
             jax.block_until_ready(loop(x))  # compile, warm up
             times: dict[str, list[float]] = {"off": [], "on": []}
             for block in range(args.blocks):

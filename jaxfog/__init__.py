@@ -11,6 +11,7 @@ from jaxfog import ops, topology
 from jaxfog.errors import JaxfogError, JaxfogTimeoutError, NotInitializedError
 from jaxfog.runtime import (
     async_min_bytes,
+    comm_thread_min_bytes,
     in_neighbor_ranks,
     init,
     is_homogeneous,
@@ -24,6 +25,7 @@ from jaxfog.runtime import (
     out_neighbor_ranks,
     rank,
     set_async_min_bytes,
+    set_comm_thread_min_bytes,
     set_machine_topology,
     set_topology,
     shutdown,
@@ -72,9 +74,9 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Agents", "CommStats", "Delays", "JaxfogError", "JaxfogTimeoutError", "NotInitializedError",
-    *_OPS, "async_min_bytes", "comm_stats", "in_neighbor_ranks", "init", "is_homogeneous",
-    "is_initialized", "jit", "load_machine_topology", "load_topology", "local_rank",
-    "local_size", "machine_rank", "machine_size", "out_neighbor_ranks", "rank", "reset_clocks",
-    "set_async_min_bytes", "set_machine_topology", "set_topology", "shutdown", "simulate",
-    "size", "topology",
+    *_OPS, "async_min_bytes", "comm_stats", "comm_thread_min_bytes", "in_neighbor_ranks", "init",
+    "is_homogeneous", "is_initialized", "jit", "load_machine_topology", "load_topology",
+    "local_rank", "local_size", "machine_rank", "machine_size", "out_neighbor_ranks", "rank",
+    "reset_clocks", "set_async_min_bytes", "set_comm_thread_min_bytes", "set_machine_topology",
+    "set_topology", "shutdown", "simulate", "size", "topology",
 ]

@@ -69,7 +69,7 @@ from jaxfog import _validate as V
 from jaxfog import optax as jf_optax
 from jaxfog import runtime
 from jaxfog import topology as T
-from jaxfog.ops import _agent, barrier
+from jaxfog.ops import _training_loop, barrier
 from jaxfog.ops import window as W
 
 Tree = Any
@@ -161,7 +161,7 @@ def from_optax(optimizer: optax.GradientTransformation, *,
         return OptaxState(optax.apply_updates(state.params, updates), opt_state,
                           state.iteration + 1)
 
-    step = _agent.StepFunction(local, static_argnums=1)
+    step = _training_loop.StepFunction(local, static_argnums=1)
     return Trainer(init, step, lambda state: state.params, _always, free, asynchronous,
                    step.compile, finish)
 
@@ -302,7 +302,7 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
     On MPI each iteration is four short jitted calls (read, local step,
     average, add). In the simulation the averages of the agents that step
     together are applied one after another in rank order
-    (``jaxfog.ops._agent`` holds what differs).
+    (``jaxfog.ops._training_loop`` holds what differs).
     """
     _check_trainer("jaxfog.asynchrony.adpsgd", inner, name, topology)
     seed = V.integer("jaxfog.asynchrony.adpsgd", "seed", seed)
@@ -316,34 +316,34 @@ def adpsgd(inner: optax.GradientTransformation, *, name: str = "jaxfog.adpsgd",
         linked = np.zeros((graph.size,) * 2, bool)
         for i in range(graph.size):
             linked[i, table[i, :count[i]]] = True
-        _agent.value_create(params, name, linked)
+        _training_loop.value_create(params, name, linked)
         return ADPSGDState(inner.init(params), jnp.zeros([], jnp.int32))
 
     def peer(iteration):
-        row = _agent.rank_row(held["table"])  # numpy where the rank is concrete
-        return row[pick(seed, runtime.rank(), iteration, _agent.rank_row(held["count"]))]
+        row = _training_loop.rank_row(held["table"])  # numpy where the rank is concrete
+        return row[pick(seed, runtime.rank(), iteration, _training_loop.rank_row(held["count"]))]
 
     def local(x: Tree, opt_state: optax.OptState, iteration: jax.Array,
               grad_fn: GradFn) -> tuple[optax.Updates, optax.OptState, jax.Array]:
         grads = grad_fn(x, iteration)
         return (*inner.update(grads, opt_state, x), iteration + 1)
 
-    local_step = _agent.StepFunction(local, static_argnums=3)
+    local_step = _training_loop.StepFunction(local, static_argnums=3)
 
     def step(state: ADPSGDState, grad_fn: GradFn) -> ADPSGDState:
-        x = _agent.value_read(name)
+        x = _training_loop.value_read(name)
         u, opt_state, iteration = local_step(x, state.opt_state, state.iteration, grad_fn)
-        _agent.pair_average(name, peer(state.iteration))
-        _agent.value_add(name, u)
+        _training_loop.pair_average(name, peer(state.iteration))
+        _training_loop.value_add(name, u)
         return ADPSGDState(opt_state, iteration)
 
     def params(state: ADPSGDState) -> Tree:
-        return _agent.value_read(name)
+        return _training_loop.value_read(name)
 
     def compile_step(state: ADPSGDState, grad_fn: GradFn) -> None:
         x = _zeros(held["shape"])
         local_step.compile(x, state.opt_state, state.iteration, grad_fn)
-        _agent.value_compile(name)
+        _training_loop.value_compile(name)
 
     def free() -> None:
         local_step.reset()
@@ -423,7 +423,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
         W.win_create(jnp.zeros(n, jnp.int32), counters, zero_init=True)
         # The neighbours' slots start with this agent's own model: send it once.
         W.win_put(params, models)
-        _agent.settle()
+        _training_loop.settle()
         return HopState(params, params, inner.init(params), jnp.zeros([], jnp.int32),
                         jnp.zeros(held["n"], jnp.int32))
 
@@ -442,7 +442,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
             ok = ok & jnp.all(jnp.where(ins, seen >= k - staleness, True))
         return ok, fresh
 
-    ready_step = _agent.StepFunction(lambda k: admissible(read_counters(), k)[0])
+    ready_step = _training_loop.StepFunction(lambda k: admissible(read_counters(), k)[0])
 
     def ready(state: HopState) -> jax.Array:
         return ready_step(state.iteration)
@@ -480,7 +480,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
         W.win_put(jnp.zeros(held["n"], jnp.int32).at[runtime.rank()].set(k), counters)
         return HopState(x, y, opt_state, k, seen.astype(jnp.int32))
 
-    step = _agent.StepFunction(local, static_argnums=1)
+    step = _training_loop.StepFunction(local, static_argnums=1)
 
     def compile_step(state: HopState, grad_fn: GradFn) -> None:
         ready_step.compile(state.iteration)
@@ -499,7 +499,7 @@ def hop(inner: optax.GradientTransformation, *, staleness: int | None = 2, backu
 def now() -> Any:
     """Seconds on this agent's clock: its simulated time under
     ``simulate(delays=...)`` (0 without delays), ``time.perf_counter()`` on MPI."""
-    return _agent.now()
+    return _training_loop.now()
 
 
 def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
@@ -552,7 +552,7 @@ def run(trainer: Trainer, state: Any, grad_fn: GradFn, iterations: int, *,
         raise ValueError(f"{what}: until= needs an asynchronous trainer (the agents of a "
                          "synchronous one must run the same number of steps)")
     until = np.inf if until is None else until  # traced on simulated agents, or not
-    return _agent.run(trainer, state, grad_fn, iterations, until, warmup=warmup, poll=poll,
+    return _training_loop.run(trainer, state, grad_fn, iterations, until, warmup=warmup, poll=poll,
                      callback=callback)
 
 

@@ -144,7 +144,7 @@ Rule = Callable[[Any, Any, Any], Any]  # (restored node, fresh node, params) -> 
 
 
 def _idle_handles(tree: Any) -> Any:
-    """Every :class:`jaxfog.Handle` in ``tree`` made idle (zeros: ticket 0 on MPI
+    """Every :class:`jaxfog.Handle` in ``tree`` made idle (zeros: handle id 0 on MPI
     processes, which waits for nothing)."""
     return jax.tree.map(lambda h: jax.tree.map(np.zeros_like, h) if isinstance(h, Handle)
                         else h, tree, is_leaf=lambda x: isinstance(x, Handle))

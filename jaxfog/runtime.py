@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import dataclasses
+import functools
 import hashlib
 import os
 import subprocess
@@ -65,10 +66,12 @@ DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 #: thread, so that XLA runs the work that does not need them meanwhile (awc's
 #: exchange beside the backward pass); smaller ones run inline, where handing
 #: them over would cost more than it hides. ``off`` runs everything inline.
-#: Unset: ``ASYNC_MIN_BYTES`` when every rank of this machine has two cores (MPI
+#: Unset: ``COMM_THREAD_MIN_BYTES`` when every rank of this machine has two cores (MPI
 #: progresses only while polled, so the thread needs a core of its own), else off.
-ASYNC_MIN_BYTES_ENV = "JAXFOG_ASYNC_MIN_BYTES"
-ASYNC_MIN_BYTES = 1 << 16
+COMM_THREAD_MIN_BYTES_ENV = "JAXFOG_COMM_THREAD_MIN_BYTES"
+COMM_THREAD_MIN_BYTES = 1 << 16
+#: Its name until 0.1 (read when the new one is unset, with a FutureWarning).
+_OLD_COMM_THREAD_MIN_BYTES_ENV = "JAXFOG_ASYNC_MIN_BYTES"
 #: Bytes of freed memory the process keeps mapped instead of handing back to
 #: the kernel (glibc), so that XLA's fresh output buffers and MPI's temporaries
 #: reuse warm pages; ``0`` leaves malloc as it is.
@@ -134,6 +137,10 @@ _joined = False
 #: Seconds MPI_Finalize may take at exit after a shrink, once every survivor
 #: reached its exit: Open MPI 5.0.11's waits forever in about 1 exit of 12.
 _EXIT_BOUND_AFTER_SHRINK_SECONDS = 5.0
+#: The least MPI_Finalize may take at exit after an op failed (JAXFOG_TIMEOUT
+#: if longer): a short JAXFOG_TIMEOUT bounds waits for peers, not MPI's own
+#: finalization, which took over 1.5 s on 2 loaded cores.
+_EXIT_BOUND_AFTER_FAILURE_SECONDS = 5.0
 #: The status a process so bounded ends with: its work is done (0), or it
 #: stops to be relaunched (jaxfog.elastic sets RESCALE_EXIT_STATUS), and then
 #: ends without MPI_Finalize, once every survivor is there: the job is over
@@ -218,17 +225,23 @@ def _max_message_from_env() -> int:
     return int(text)
 
 
-def _async_min_bytes_from_env(local_size: int) -> int:
-    """The async threshold for the C++ library; -1 means never."""
-    text = os.environ.get(ASYNC_MIN_BYTES_ENV, "").strip().lower()
+def _comm_thread_min_bytes_from_env(local_size: int) -> int:
+    """The communication thread's threshold for the C++ library; -1 means never."""
+    name = COMM_THREAD_MIN_BYTES_ENV
+    if name not in os.environ and _OLD_COMM_THREAD_MIN_BYTES_ENV in os.environ:
+        name = _OLD_COMM_THREAD_MIN_BYTES_ENV
+        warnings.warn(f"{name} is deprecated: set {COMM_THREAD_MIN_BYTES_ENV} (the same "
+                      "setting; 'async' names jaxfog's asynchronous algorithms)",
+                      FutureWarning, stacklevel=2)
+    text = os.environ.get(name, "").strip().lower()
     if not text:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
-        return ASYNC_MIN_BYTES if cores >= 2 * local_size else -1
+        return COMM_THREAD_MIN_BYTES if cores >= 2 * local_size else -1
     if text == "off":
         return -1
     if not text.isdigit():
-        raise ValueError(f"{ASYNC_MIN_BYTES_ENV}={text!r} must be a number of bytes "
+        raise ValueError(f"{name}={text!r} must be a number of bytes "
                          "(0: every message) or 'off'")
     return int(text)
 
@@ -372,7 +385,7 @@ def _setup(lib, base) -> None:
                 gpu_backend = "mpi"
             else:
                 comms[_nccl_setup.NCCL_COMM_ID] = checks
-        lib.jaxfog_set_async_min_bytes(_async_min_bytes_from_env(local_size))
+        lib.jaxfog_set_comm_thread_min_bytes(_comm_thread_min_bytes_from_env(local_size))
         keep = _bytes_from_env(KEEP_FREED_BYTES_ENV, KEEP_FREED_BYTES,
                                "leave malloc as it is")
         if keep:
@@ -489,7 +502,8 @@ def _shutdown(at_exit: bool) -> None:
     if survivors_met:
         lib.jaxfog_bound_exit(_EXIT_BOUND_AFTER_SHRINK_SECONDS, _exit_status_after_shrink)
     elif at_exit:
-        lib.jaxfog_bound_exit(state.timeout, 1)
+        lib.jaxfog_bound_exit(max(state.timeout, _EXIT_BOUND_AFTER_FAILURE_SECONDS)
+                              if state.timeout > 0 else 0, 1)
 
 
 def _meet_at_exit(comm) -> bool:
@@ -733,26 +747,45 @@ def timeout() -> float:
     return _require().timeout
 
 
-def async_min_bytes() -> int | None:
+def comm_thread_min_bytes() -> int | None:
     """Messages of at least this size run on the communication thread; None: none do."""
     _require()
-    value = ffi.library().jaxfog_async_min_bytes()  # kept by the C++ library only
+    value = ffi.library().jaxfog_comm_thread_min_bytes()  # kept by the C++ library only
     return None if value < 0 else value
 
 
-def set_async_min_bytes(min_bytes: int | None) -> None:
+def set_comm_thread_min_bytes(min_bytes: int | None) -> None:
     """Sends messages of at least ``min_bytes`` from the communication thread.
 
     A communicating op then returns to XLA at once and completes when its
     messages have arrived, so work that does not need them runs meanwhile (awc's
     exchange of x beside the backward pass). ``None`` runs every op inline on
     XLA's thread. Takes effect for the next op; ranks may differ. The default
-    comes from ``JAXFOG_ASYNC_MIN_BYTES`` (see ``ASYNC_MIN_BYTES_ENV``).
+    comes from ``JAXFOG_COMM_THREAD_MIN_BYTES`` (see ``COMM_THREAD_MIN_BYTES_ENV``).
     """
     _require()
     if min_bytes is not None:
-        min_bytes = V.integer("jaxfog.set_async_min_bytes", "min_bytes", min_bytes, minimum=0)
-    ffi.library().jaxfog_set_async_min_bytes(-1 if min_bytes is None else int(min_bytes))
+        min_bytes = V.integer("jaxfog.set_comm_thread_min_bytes", "min_bytes", min_bytes,
+                              minimum=0)
+    ffi.library().jaxfog_set_comm_thread_min_bytes(-1 if min_bytes is None else int(min_bytes))
+
+
+def _renamed(old: str, new: Callable) -> Callable:
+    """``new`` under its name until 0.1, warning that it was renamed."""
+    @functools.wraps(new)
+    def call(*args, **kwargs):
+        warnings.warn(f"jaxfog.{old} is deprecated: call jaxfog.{new.__name__} (the same "
+                      "function; 'async' names jaxfog's asynchronous algorithms)",
+                      FutureWarning, stacklevel=2)
+        return new(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = old
+    call.__doc__ = f"Deprecated: :func:`{new.__name__}` (renamed; this name warns)."
+    return call
+
+
+async_min_bytes = _renamed("async_min_bytes", comm_thread_min_bytes)
+set_async_min_bytes = _renamed("set_async_min_bytes", set_comm_thread_min_bytes)
 
 
 def _check_topology_type(topology: Any, what: str) -> None:
@@ -871,8 +904,9 @@ def communicator():
     return _require().python_comm
 
 
-__all__ = ["async_min_bytes", "fault_tolerant", "gpu_backend", "grow", "in_neighbor_ranks",
-           "init", "is_homogeneous", "is_initialized", "joined", "load_machine_topology",
-           "load_topology", "local_rank", "local_size", "machine_rank", "machine_size",
-           "out_neighbor_ranks", "rank", "set_async_min_bytes", "set_machine_topology",
-           "set_topology", "shutdown", "shrink", "size"]
+__all__ = ["async_min_bytes", "comm_thread_min_bytes", "fault_tolerant", "gpu_backend", "grow",
+           "in_neighbor_ranks", "init", "is_homogeneous", "is_initialized", "joined",
+           "load_machine_topology", "load_topology", "local_rank", "local_size", "machine_rank",
+           "machine_size", "out_neighbor_ranks", "rank", "set_async_min_bytes",
+           "set_comm_thread_min_bytes", "set_machine_topology", "set_topology", "shutdown",
+           "shrink", "size"]

@@ -52,8 +52,8 @@ def comm_stats(reset: bool = False) -> dict[str, CommStats]:
     Example::
 
         jaxfog.comm_stats(reset=True)
-        params, state = step(params, state)
-        sent = jaxfog.comm_stats()["neighbor_allgather"].bytes
+        params, state = step(params, state)  # e.g. an atc step: one neighbor_allreduce
+        sent = jaxfog.comm_stats()["neighbor_allreduce"].bytes
     """
     V.flag("jaxfog.comm_stats", "reset", reset)
     if _context.current() is not None:

@@ -29,7 +29,7 @@ DEFAULT_NPROCS = (2, 4, 5)
 #: second JAX: what varies with the count is MPI's side, which run 1 covers).
 ONE_RANK_COUNT_ENV = "JAXFOG_TEST_ONE_RANK_COUNT"
 #: Runs on this many ranks send every message from the communication thread
-#: (``JAXFOG_ASYNC_MIN_BYTES=0``); the others use the default for the machine, which
+#: (``JAXFOG_COMM_THREAD_MIN_BYTES=0``); the others use the default for the machine, which
 #: is inline on a machine with fewer than two cores per rank.
 ALL_ASYNC_NPROCS = 2
 
@@ -46,7 +46,7 @@ class _Body:
         return (self.file, self.name, nprocs, tuple(sorted(self.env.items())))
 
     def launch_env(self, nprocs: int) -> dict[str, str]:
-        mode = {"JAXFOG_ASYNC_MIN_BYTES": "0"} if nprocs == ALL_ASYNC_NPROCS else {}
+        mode = {"JAXFOG_COMM_THREAD_MIN_BYTES": "0"} if nprocs == ALL_ASYNC_NPROCS else {}
         return {**mode, **self.env}
 
 

@@ -159,11 +159,11 @@ __attribute__((visibility("default"))) int jaxfog_keep_freed_memory(int64_t keep
 
 // Messages of at least `bytes` go through the communication thread; smaller
 // ones (and all, when negative) run inline in the handler.
-__attribute__((visibility("default"))) void jaxfog_set_async_min_bytes(int64_t bytes) {
+__attribute__((visibility("default"))) void jaxfog_set_comm_thread_min_bytes(int64_t bytes) {
   jaxfog::CommThread::Global().set_inline_below(bytes);
 }
 
-__attribute__((visibility("default"))) int64_t jaxfog_async_min_bytes() {
+__attribute__((visibility("default"))) int64_t jaxfog_comm_thread_min_bytes() {
   return jaxfog::CommThread::Global().inline_below();
 }
 

@@ -50,19 +50,19 @@ inline ffi::ErrorOr<std::vector<Leaf>> Inputs(Staging* staging, ffi::RemainingAr
   return leaves;
 }
 
-// The results' leaves. A nonblocking start's call (its staging ticketed) has
-// one result more, last: its ticket, set aside in the staging as it is.
+// The results' leaves. A nonblocking start's call (its staging with a handle id) has
+// one result more, last: its handle id, set aside in the staging as it is.
 inline ffi::ErrorOr<std::vector<Leaf>> Outputs(Staging* staging, ffi::RemainingRets rets) {
   std::vector<Leaf> leaves;
   std::vector<Piece> pieces;
   size_t count = rets.size();
-  if (staging != nullptr && staging->ticketed()) {
+  if (staging != nullptr && staging->with_handle_id()) {
     if (count == 0) {
       return ffi::Unexpected<ffi::Error>(
-          ffi::Error::Internal("jaxfog: a nonblocking start without its ticket result"));
+          ffi::Error::Internal("jaxfog: a nonblocking start without its handle id result"));
     }
-    JAXFOG_ASSIGN_OR_RETURN(ticket, rets.get<ffi::AnyBuffer>(--count));
-    staging->set_ticket(ticket->untyped_data());
+    JAXFOG_ASSIGN_OR_RETURN(handle_id, rets.get<ffi::AnyBuffer>(--count));
+    staging->set_handle_id(handle_id->untyped_data());
   }
   for (size_t i = 0; i < count; ++i) {
     JAXFOG_ASSIGN_OR_RETURN(result, rets.get<ffi::AnyBuffer>(i));

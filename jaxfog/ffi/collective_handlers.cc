@@ -247,7 +247,7 @@ template <>
 struct Handler<OpCode::kSize> : Property<&Transport::size> {};
 
 template <>
-struct Handler<OpCode::kBarrier> : Async<BarrierJob> {
+struct Handler<OpCode::kBarrier> : OnCommThread<BarrierJob> {
   static auto Bind() {
     return ffi::Ffi::Bind().Attr<int64_t>("comm_id").Arg<ffi::Token>().Ret<ffi::Token>();
   }
@@ -272,17 +272,17 @@ struct Handler<OpCode::kFence> {
 };
 
 template <>
-struct Handler<OpCode::kAllreduce> : Async<AllreduceJob> {
+struct Handler<OpCode::kAllreduce> : OnCommThread<AllreduceJob> {
   static auto Bind() { return PytreeOp(Keyed().Attr<bool>("mean")); }
 };
 
 template <>
-struct Handler<OpCode::kBroadcast> : Async<BroadcastJob> {
+struct Handler<OpCode::kBroadcast> : OnCommThread<BroadcastJob> {
   static auto Bind() { return PytreeOp(Keyed().Attr<int64_t>("root")); }
 };
 
 template <>
-struct Handler<OpCode::kAllgather> : Async<AllgatherJob> {
+struct Handler<OpCode::kAllgather> : OnCommThread<AllgatherJob> {
   static auto Bind() { return PytreeOp(Keyed()); }
 };
 

@@ -127,11 +127,12 @@ Job TracedJob(OpCode op, int64_t comm_id, Transport* transport, int64_t signatur
 template <OpCode>
 struct Handler;
 
-// Wraps a Job factory as an asynchronous handler with the same arguments.
+// Wraps a Job factory as a handler with the same arguments whose job runs on
+// the communication thread.
 template <auto MakeJob>
-struct Async;
+struct OnCommThread;
 template <typename... Args, ffi::ErrorOr<Job> (*MakeJob)(Staging*, Args...)>
-struct Async<MakeJob> {
+struct OnCommThread<MakeJob> {
   static ffi::Future Run(Staging* staging, Args... args) {
     return Launch(MakeJob(staging, std::move(args)...));
   }

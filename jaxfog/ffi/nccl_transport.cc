@@ -112,7 +112,7 @@ NcclTransport::~NcclTransport() {
       api_->CommAbort(comm_);
     }
   }
-  for (const Pending& pending : pending_) events_->Destroy(pending.event);
+  for (const Enqueued& work : enqueued_) events_->Destroy(work.event);
   for (cudaEvent_t event : spare_) events_->Destroy(event);
 }
 
@@ -156,7 +156,7 @@ ffi::Error NcclTransport::Grouped(const std::string& what, cudaStream_t stream, 
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    pending_.push_back({event, what, Clock::now()});
+    enqueued_.push_back({event, what, Clock::now()});
   }
   return ffi::Error::Success();
 }
@@ -311,7 +311,7 @@ void NcclTransport::Watch() {
 
 bool NcclTransport::Poll(Clock::time_point now) {
   if (aborted_) return false;
-  const std::string during = pending_.empty() ? "" : " during " + pending_.front().what;
+  const std::string during = enqueued_.empty() ? "" : " during " + enqueued_.front().what;
   ncclResult_t async = ncclSuccess;
   const ncclResult_t asked = api_->CommGetAsyncError(comm_, &async);
   if (asked != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
@@ -319,23 +319,23 @@ bool NcclTransport::Poll(Clock::time_point now) {
     AbortLocked("NCCL reported an error" + during + ": " + api_->GetErrorString(code));
     return false;
   }
-  while (!pending_.empty()) {
-    const cudaError_t state = events_->Query(pending_.front().event);
+  while (!enqueued_.empty()) {
+    const cudaError_t state = events_->Query(enqueued_.front().event);
     if (state == cudaErrorNotReady) break;
     if (state != cudaSuccess) {
-      AbortLocked(pending_.front().what + ": the GPU reported " + cudaGetErrorName(state) + " (" +
+      AbortLocked(enqueued_.front().what + ": the GPU reported " + cudaGetErrorName(state) + " (" +
                   cudaGetErrorString(state) + ")");
       return false;
     }
-    spare_.push_back(pending_.front().event);
-    pending_.pop_front();
+    spare_.push_back(enqueued_.front().event);
+    enqueued_.pop_front();
   }
-  if (pending_.empty()) return true;
-  const std::chrono::duration<double> waited = now - pending_.front().enqueued;
+  if (enqueued_.empty()) return true;
+  const std::chrono::duration<double> waited = now - enqueued_.front().enqueued;
   if (waited > timeout_) {
     std::ostringstream seconds;
     seconds << timeout_.count();
-    AbortLocked(pending_.front().what + " timed out after " + seconds.str() +
+    AbortLocked(enqueued_.front().what + " timed out after " + seconds.str() +
                 " s (JAXFOG_TIMEOUT): its NCCL work has not finished on the GPU (a peer "
                 "stopped, or is stuck in another op)");
   }

@@ -103,7 +103,7 @@ class NcclTransport {
   ffi::Error Fence();
 
  private:
-  struct Pending {
+  struct Enqueued {
     cudaEvent_t event;
     std::string what;  // the op and its peers, for the watchdog's error
     std::chrono::steady_clock::time_point enqueued;
@@ -123,7 +123,7 @@ class NcclTransport {
   ffi::Error Collective(const OpInfo& info, const std::vector<NcclBuffer>& leaves,
                         const std::string& what, cudaStream_t stream, Enqueue enqueue);
   void Watch();
-  // Under mutex_: the oldest pending work's state; aborts on a timeout or an
+  // Under mutex_: the oldest enqueued work's state; aborts on a timeout or an
   // NCCL error. Returns whether everything enqueued has finished.
   bool Poll(std::chrono::steady_clock::time_point now);
   void AbortLocked(const std::string& reason);
@@ -136,7 +136,7 @@ class NcclTransport {
 
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<Pending> pending_;     // oldest first
+  std::deque<Enqueued> enqueued_;   // oldest first
   std::vector<cudaEvent_t> spare_;  // finished events, for reuse
   std::string failure_;             // set once, when the communicator is aborted
   bool aborted_ = false;

@@ -266,7 +266,7 @@ ffi::ErrorOr<Job> NeighborGatherJob(Staging* staging, int64_t comm_id, int64_t s
 }
 
 template <OpCode op>
-struct NeighborGather : Async<NeighborGatherJob<op>> {
+struct NeighborGather : OnCommThread<NeighborGatherJob<op>> {
   static auto Bind() { return PytreeOp(Peers(Keyed())); }
 };
 
@@ -275,7 +275,7 @@ struct NeighborGather : Async<NeighborGatherJob<op>> {
 // The handlers of this file's ops (Handler, handler.h), then their exported
 // forms (Exports, handler.h).
 template <>
-struct Handler<OpCode::kNeighborAllreduce> : Async<NeighborAllreduceJob> {
+struct Handler<OpCode::kNeighborAllreduce> : OnCommThread<NeighborAllreduceJob> {
   static auto Bind() {
     return Keyed()
         .Attr<F64s>("self_weights")

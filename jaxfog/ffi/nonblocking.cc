@@ -16,10 +16,10 @@ namespace jaxfog {
 
 namespace {
 
-// Tickets are integers a float32 holds exactly.
-constexpr uint32_t kTicketLimit = uint32_t{1} << 24;
+// Handle ids are integers a float32 holds exactly.
+constexpr uint32_t kHandleIdLimit = uint32_t{1} << 24;
 
-// The started ops not yet waited for, by ticket (process-wide).
+// The started ops not yet waited for, by handle id (process-wide).
 class Handles {
  public:
   static Handles& Global() {
@@ -27,66 +27,66 @@ class Handles {
     return *handles;
   }
 
-  ffi::ErrorOr<uint32_t> Add(std::shared_ptr<Pending> pending) {
+  ffi::ErrorOr<uint32_t> Add(std::shared_ptr<OpHandle> handle) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (pending_.size() >= kTicketLimit - 1) {
+    if (handles_.size() >= kHandleIdLimit - 1) {
       return ffi::Unexpected<ffi::Error>(
           ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                     "jaxfog: " + std::to_string(pending_.size()) +
-                         " nonblocking ops are pending, none waited for: wait for their handles"));
+                     "jaxfog: " + std::to_string(handles_.size()) +
+                         " nonblocking ops are handle, none waited for: wait for their handles"));
     }
     do {
-      next_ = next_ + 1 < kTicketLimit ? next_ + 1 : 1;
-    } while (pending_.count(next_));
-    pending_[next_] = std::move(pending);
+      next_ = next_ + 1 < kHandleIdLimit ? next_ + 1 : 1;
+    } while (handles_.count(next_));
+    handles_[next_] = std::move(handle);
     return next_;
   }
 
-  std::shared_ptr<Pending> Take(uint32_t ticket) {
+  std::shared_ptr<OpHandle> Take(uint32_t handle_id) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = pending_.find(ticket);
-    if (it == pending_.end()) return nullptr;
-    std::shared_ptr<Pending> pending = std::move(it->second);
-    pending_.erase(it);
-    return pending;
+    auto it = handles_.find(handle_id);
+    if (it == handles_.end()) return nullptr;
+    std::shared_ptr<OpHandle> handle = std::move(it->second);
+    handles_.erase(it);
+    return handle;
   }
 
-  std::shared_ptr<Pending> Find(uint32_t ticket) {
+  std::shared_ptr<OpHandle> Find(uint32_t handle_id) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = pending_.find(ticket);
-    return it == pending_.end() ? nullptr : it->second;
+    auto it = handles_.find(handle_id);
+    return it == handles_.end() ? nullptr : it->second;
   }
 
-  std::map<uint32_t, std::shared_ptr<Pending>> TakeAll() {
+  std::map<uint32_t, std::shared_ptr<OpHandle>> TakeAll() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return std::move(pending_);
+    return std::move(handles_);
   }
 
   std::map<std::string, int> Count() {
     std::lock_guard<std::mutex> lock(mutex_);
     std::map<std::string, int> count;
-    for (const auto& [ticket, pending] : pending_) ++count[OpName(pending->op())];
+    for (const auto& [handle_id, handle] : handles_) ++count[OpName(handle->op())];
     return count;
   }
 
  private:
   std::mutex mutex_;
   uint32_t next_ = 0;
-  std::map<uint32_t, std::shared_ptr<Pending>> pending_;
+  std::map<uint32_t, std::shared_ptr<OpHandle>> handles_;
 };
 
-ffi::ErrorOr<uint32_t> TicketOf(float value) {
-  if (!(value >= 0 && value < float(kTicketLimit)) || value != static_cast<uint32_t>(value)) {
+ffi::ErrorOr<uint32_t> HandleIdOf(float value) {
+  if (!(value >= 0 && value < float(kHandleIdLimit)) || value != static_cast<uint32_t>(value)) {
     return ffi::Unexpected<ffi::Error>(
         ffi::Error::InvalidArgument("jaxfog.wait: " + std::to_string(value) +
-                                    " is not a handle's ticket (a handle's arrays were changed)"));
+                                    " is not a handle's id (a handle's arrays were changed)"));
   }
   return static_cast<uint32_t>(value);
 }
 
-ffi::Error NotPending(uint32_t ticket) {
+ffi::Error NotPending(uint32_t handle_id) {
   return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                    "jaxfog.wait: handle " + std::to_string(ticket) +
+                    "jaxfog.wait: handle " + std::to_string(handle_id) +
                         " is not pending on this process: it was already waited for (wait "
                         "for each handle once), or started before jaxfog.shutdown()");
 }
@@ -104,7 +104,7 @@ std::vector<Piece> OutputPieces(ffi::RemainingRets rets, ffi::Error* error) {
   return pieces;
 }
 
-// Zeros into `outputs` through `copier` (the wait of ticket 0).
+// Zeros into `outputs` through `copier` (the wait of handle id 0).
 ffi::Error Zeros(DeviceCopier* copier, const std::vector<Piece>& outputs) {
   size_t most = 0;
   for (const Piece& piece : outputs) most = std::max(most, piece.bytes);
@@ -116,29 +116,29 @@ ffi::Error Zeros(DeviceCopier* copier, const std::vector<Piece>& outputs) {
 }
 
 // jaxfog_wait on host buffers: completes when the op has and its results are copied out.
-ffi::Future WaitOnHost(ffi::Token, ffi::AnyBuffer ticket_buffer, ffi::RemainingArgs,
+ffi::Future WaitOnHost(ffi::Token, ffi::AnyBuffer handle_id_buffer, ffi::RemainingArgs,
                        ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
   ffi::Error error = ffi::Error::Success();
   std::vector<Piece> outputs = OutputPieces(rets, &error);
   if (!error.success()) return CommThread::Done(error);
   float value;
-  std::memcpy(&value, ticket_buffer.untyped_data(), sizeof(value));
-  auto ticket = TicketOf(value);
-  if (ticket.has_error()) return CommThread::Done(ticket.error());
+  std::memcpy(&value, handle_id_buffer.untyped_data(), sizeof(value));
+  auto handle_id = HandleIdOf(value);
+  if (handle_id.has_error()) return CommThread::Done(handle_id.error());
   HostCopier copier;
-  if (*ticket == 0) return CommThread::Done(Zeros(&copier, outputs));
-  std::shared_ptr<Pending> pending = Handles::Global().Take(*ticket);
-  if (!pending) return CommThread::Done(NotPending(*ticket));
+  if (*handle_id == 0) return CommThread::Done(Zeros(&copier, outputs));
+  std::shared_ptr<OpHandle> handle = Handles::Global().Take(*handle_id);
+  if (!handle) return CommThread::Done(NotPending(*handle_id));
   auto promise = std::make_shared<ffi::Promise>();
   ffi::Future future(*promise);
   const int64_t waiting_since = timeline::Enabled() ? timeline::Now() : -1;
-  pending->Then([pending, outputs, promise, waiting_since](const ffi::Error& outcome) {
+  handle->Then([handle, outputs, promise, waiting_since](const ffi::Error& outcome) {
     if (waiting_since >= 0) {  // how long the wait waited for the op (0 if it had finished)
       timeline::Record("wait for the op", -1, waiting_since, timeline::Now());
     }
     HostCopier copier;
     ffi::Error error =
-        outcome.success() ? pending->staging()->FinishInto(&copier, outputs) : outcome;
+        outcome.success() ? handle->staging()->FinishInto(&copier, outputs) : outcome;
     if (error.success()) {
       promise->SetAvailable();
     } else {
@@ -148,8 +148,8 @@ ffi::Future WaitOnHost(ffi::Token, ffi::AnyBuffer ticket_buffer, ffi::RemainingA
   return future;
 }
 
-// jaxfog_wait on CUDA buffers (the ticket on the device too): synchronous.
-ffi::Error WaitOnDevice(ffi::Token, ffi::AnyBuffer ticket_buffer, ffi::RemainingArgs,
+// jaxfog_wait on CUDA buffers (the handle id on the device too): synchronous.
+ffi::Error WaitOnDevice(ffi::Token, ffi::AnyBuffer handle_id_buffer, ffi::RemainingArgs,
                         ffi::Result<ffi::Token>, ffi::RemainingRets rets, void* stream) {
   std::unique_ptr<DeviceCopier> copier = MakeCudaCopier(stream);
   if (!copier) return BuiltWithoutCuda("jaxfog.wait");
@@ -157,14 +157,14 @@ ffi::Error WaitOnDevice(ffi::Token, ffi::AnyBuffer ticket_buffer, ffi::Remaining
   std::vector<Piece> outputs = OutputPieces(rets, &error);
   JAXFOG_RETURN_IF_ERROR(error);
   float value;
-  JAXFOG_RETURN_IF_ERROR(copier->ToHost(&value, ticket_buffer.untyped_data(), sizeof(value)));
+  JAXFOG_RETURN_IF_ERROR(copier->ToHost(&value, handle_id_buffer.untyped_data(), sizeof(value)));
   JAXFOG_RETURN_IF_ERROR(copier->Wait());
-  JAXFOG_ASSIGN_OR_FAIL(ticket, TicketOf(value));
-  if (ticket == 0) return Zeros(copier.get(), outputs);
-  std::shared_ptr<Pending> pending = Handles::Global().Take(ticket);
-  if (!pending) return NotPending(ticket);
-  JAXFOG_RETURN_IF_ERROR(pending->Await());
-  return pending->staging()->FinishInto(copier.get(), outputs);
+  JAXFOG_ASSIGN_OR_FAIL(handle_id, HandleIdOf(value));
+  if (handle_id == 0) return Zeros(copier.get(), outputs);
+  std::shared_ptr<OpHandle> handle = Handles::Global().Take(handle_id);
+  if (!handle) return NotPending(handle_id);
+  JAXFOG_RETURN_IF_ERROR(handle->Await());
+  return handle->staging()->FinishInto(copier.get(), outputs);
 }
 
 auto WaitBinding() {
@@ -178,18 +178,18 @@ auto WaitBinding() {
 
 }  // namespace
 
-ffi::Error Pending::WriteTicket(void* where, float ticket) {
-  JAXFOG_RETURN_IF_ERROR(copier_->ToDevice(where, &ticket, sizeof(ticket)));
+ffi::Error OpHandle::WriteHandleId(void* where, float handle_id) {
+  JAXFOG_RETURN_IF_ERROR(copier_->ToDevice(where, &handle_id, sizeof(handle_id)));
   return copier_->Wait();
 }
 
-void Pending::Follow(const std::shared_ptr<Pending>& self, ffi::Future future) {
+void OpHandle::Follow(const std::shared_ptr<OpHandle>& self, ffi::Future future) {
   future.OnReady([self](const std::optional<ffi::Error>& error) {
     self->Finish(error ? *error : ffi::Error::Success());
   });
 }
 
-void Pending::Finish(const ffi::Error& error) {
+void OpHandle::Finish(const ffi::Error& error) {
   std::function<void(const ffi::Error&)> then;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -200,7 +200,7 @@ void Pending::Finish(const ffi::Error& error) {
   if (then) then(error);
 }
 
-void Pending::Then(std::function<void(const ffi::Error&)> then) {
+void OpHandle::Then(std::function<void(const ffi::Error&)> then) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!outcome_) {
     then_ = std::move(then);
@@ -211,29 +211,29 @@ void Pending::Then(std::function<void(const ffi::Error&)> then) {
   then(outcome);
 }
 
-ffi::Error Pending::Await() {
+ffi::Error OpHandle::Await() {
   std::unique_lock<std::mutex> lock(mutex_);
   finished_.wait(lock, [this] { return outcome_.has_value(); });
   return *outcome_;
 }
 
-std::optional<ffi::Error> Pending::Outcome() {
+std::optional<ffi::Error> OpHandle::Outcome() {
   std::lock_guard<std::mutex> lock(mutex_);
   return outcome_;
 }
 
-ffi::Error Register(std::shared_ptr<Pending> pending) {
+ffi::Error Register(std::shared_ptr<OpHandle> handle) {
   // An op that failed as it decoded its call (bad input) fails its start.
-  if (std::optional<ffi::Error> outcome = pending->Outcome(); outcome && !outcome->success()) {
+  if (std::optional<ffi::Error> outcome = handle->Outcome(); outcome && !outcome->success()) {
     return *outcome;
   }
-  void* where = pending->staging()->ticket();
+  void* where = handle->staging()->handle_id();
   if (where == nullptr) {
-    return ffi::Error::Internal("jaxfog: a nonblocking start without its ticket result");
+    return ffi::Error::Internal("jaxfog: a nonblocking start without its handle id result");
   }
-  Pending* started = pending.get();
-  JAXFOG_ASSIGN_OR_FAIL(ticket, Handles::Global().Add(std::move(pending)));
-  return started->WriteTicket(where, static_cast<float>(ticket));
+  OpHandle* started = handle.get();
+  JAXFOG_ASSIGN_OR_FAIL(handle_id, Handles::Global().Add(std::move(handle)));
+  return started->WriteHandleId(where, static_cast<float>(handle_id));
 }
 
 }  // namespace jaxfog
@@ -253,12 +253,12 @@ extern "C" XLA_FFI_Error* jaxfog_wait_staged(XLA_FFI_CallFrame* frame) {
   return (*handler)(frame);
 }
 
-// Whether the op of `ticket` has finished: 1 yes, 0 not yet, -1 not pending.
-extern "C" int jaxfog_handle_done(float ticket) {
-  if (!(ticket >= 1 && ticket < float(jaxfog::kTicketLimit))) return -1;
-  auto pending = jaxfog::Handles::Global().Find(static_cast<uint32_t>(ticket));
-  if (!pending) return -1;
-  return pending->Outcome().has_value() ? 1 : 0;
+// Whether the op of `handle_id` has finished: 1 yes, 0 not yet, -1 not pending.
+extern "C" int jaxfog_handle_done(float handle_id) {
+  if (!(handle_id >= 1 && handle_id < float(jaxfog::kHandleIdLimit))) return -1;
+  auto handle = jaxfog::Handles::Global().Find(static_cast<uint32_t>(handle_id));
+  if (!handle) return -1;
+  return handle->Outcome().has_value() ? 1 : 0;
 }
 
 // Forgets every pending op (their work must have finished: fence first) and

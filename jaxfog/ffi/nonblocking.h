@@ -4,18 +4,18 @@
 // are copied to host scratch before the call returns, so the caller may reuse
 // or donate them; the op is handed to the communication thread in program
 // order, like any op, and writes its results to host scratch. The call
-// returns a ticket instead of the results. jaxfog_wait takes the ticket,
+// returns a handle id instead of the results. jaxfog_wait takes the handle id,
 // waits for the op and copies its results out. A wait does not communicate,
 // so a rank may wait for its handles in any order.
 //
-// The ticket is a float32 scalar holding a small integer id, so that it can
+// The handle id is a float32 scalar holding a small integer id, so that it can
 // carry a cotangent: the adjoint of start/wait is start/wait of the adjoint
-// op, and the adjoint start's ticket travels back as the cotangent of the
-// forward ticket (jaxfog/ops/_call.py). Ticket 0 is the zero
+// op, and the adjoint start's handle id travels back as the cotangent of the
+// forward handle id (jaxfog/ops/_call.py). Handle id 0 is the zero
 // cotangent: waiting for it gives zeros, and no op has it.
 //
 // The start's call frame is the op's own (attributes, token, inputs, token,
-// results) with the ticket as one more result at the end; the op's results
+// results) with the handle id as one more result at the end; the op's results
 // there are placeholders it never writes (its staging redirects them).
 #ifndef JAXFOG_FFI_NONBLOCKING_H_
 #define JAXFOG_FFI_NONBLOCKING_H_
@@ -43,18 +43,18 @@ struct Handler;  // handler.h
 
 // A started op: its staging (host copies of its inputs, host scratch for its
 // results) and, once it has finished, its outcome.
-class Pending {
+class OpHandle {
  public:
-  Pending(OpCode op, std::unique_ptr<DeviceCopier> copier)
-      : op_(op), copier_(std::move(copier)), staging_(copier_.get(), /*ticketed=*/true) {}
+  OpHandle(OpCode op, std::unique_ptr<DeviceCopier> copier)
+      : op_(op), copier_(std::move(copier)), staging_(copier_.get(), /*with_handle_id=*/true) {}
 
   OpCode op() const { return op_; }
   Staging* staging() { return &staging_; }
-  // Writes `ticket` to `where` (device or host memory, as the op's buffers).
-  ffi::Error WriteTicket(void* where, float ticket);
+  // Writes `handle_id` to `where` (device or host memory, as the op's buffers).
+  ffi::Error WriteHandleId(void* where, float handle_id);
 
   // Keeps the outcome of the op's future (or of its synchronous run).
-  static void Follow(const std::shared_ptr<Pending>& self, ffi::Future future);
+  static void Follow(const std::shared_ptr<OpHandle>& self, ffi::Future future);
   void Follow(const ffi::Error& error) { Finish(error); }
 
   // Calls `then` with the outcome once the op has finished: on this thread if
@@ -77,29 +77,29 @@ class Pending {
   std::function<void(const ffi::Error&)> then_;
 };
 
-// Registers a started op and writes its ticket into the start call's ticket
+// Registers a started op and writes its handle id into the start call's handle id
 // result (its staging's); an op that already failed (bad input) fails the
 // start.
-ffi::Error Register(std::shared_ptr<Pending> pending);
+ffi::Error Register(std::shared_ptr<OpHandle> handle);
 
-// The start form of op `op`'s handler: Handler<op>::Run through a Pending's
+// The start form of op `op`'s handler: Handler<op>::Run through an OpHandle's
 // staging, the messages always handed to the communication thread.
 template <OpCode op, typename Signature = decltype(&Handler<op>::Handle)>
 struct Start;
 template <OpCode op, typename R, typename... Args>
 struct Start<op, R (*)(Args...)> {
   static ffi::Error Run(std::unique_ptr<DeviceCopier> copier, Args... args) {
-    auto pending = std::make_shared<Pending>(op, std::move(copier));
+    auto handle = std::make_shared<OpHandle>(op, std::move(copier));
     {
       CommThread::QueueOnly queue_only;  // a start returns before its messages move
-      R started = Handler<op>::Run(pending->staging(), std::move(args)...);
+      R started = Handler<op>::Run(handle->staging(), std::move(args)...);
       if constexpr (std::is_same_v<R, ffi::Future>) {
-        Pending::Follow(pending, std::move(started));
+        OpHandle::Follow(handle, std::move(started));
       } else {
-        pending->Follow(started);
+        handle->Follow(started);
       }
     }
-    return Register(std::move(pending));
+    return Register(std::move(handle));
   }
   static ffi::Error Handle(Args... args) {
     return Run(std::make_unique<HostCopier>(), std::move(args)...);
@@ -121,7 +121,7 @@ struct CudaStart<op, R (*)(Args...)> {
 };
 
 // XLA's handler of a start form `Impl` of op `op` on `frame`: the op's
-// binding, whose remaining results take the ticket too (Outputs in call.h
+// binding, whose remaining results take the handle id too (Outputs in call.h
 // sets it aside).
 template <OpCode op, typename Impl>
 XLA_FFI_Error* CallStartHandler(XLA_FFI_CallFrame* frame) {

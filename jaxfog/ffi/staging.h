@@ -65,10 +65,10 @@ constexpr size_t kDefaultPinnedKeepBytes = size_t{2} << 30;
 // The host side of one staged call: its scratch buffers and the copies back.
 class Staging {
  public:
-  // `ticketed`: a nonblocking start's staging, whose call's last result is
-  // the start's ticket (see Outputs in call.h).
-  explicit Staging(DeviceCopier* copier, bool ticketed = false)
-      : copier_(copier), ticketed_(ticketed) {}
+  // `with_handle_id`: a nonblocking start's staging, whose call's last result is
+  // the start's handle id (see Outputs in call.h).
+  explicit Staging(DeviceCopier* copier, bool with_handle_id = false)
+      : copier_(copier), with_handle_id_(with_handle_id) {}
   ~Staging();
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
@@ -85,19 +85,19 @@ class Staging {
   // nonblocking op's wait), through `copier`, and waits for the copies.
   ffi::Error FinishInto(DeviceCopier* copier, const std::vector<Piece>& outputs);
 
-  // A start's ticket result: XLA's buffer itself (never staged), set aside by
+  // A start's handle id result: XLA's buffer itself (never staged), set aside by
   // the decoding of the call's results; null until then.
-  bool ticketed() const { return ticketed_; }
-  void set_ticket(void* where) { ticket_ = where; }
-  void* ticket() const { return ticket_; }
+  bool with_handle_id() const { return with_handle_id_; }
+  void set_handle_id(void* where) { handle_id_ = where; }
+  void* handle_id() const { return handle_id_; }
 
  private:
   // One scratch buffer for `pieces`, each at a multiple of 64 bytes.
   char* Scratch(const std::vector<size_t>& bytes, std::vector<size_t>* offsets);
 
   DeviceCopier* copier_;
-  bool ticketed_;
-  void* ticket_ = nullptr;
+  bool with_handle_id_;
+  void* handle_id_ = nullptr;
   bool in_flight_ = false;  // copies enqueued, not waited for
   std::vector<ScratchPool::Lease> buffers_;
   std::vector<Piece> device_outputs_;

@@ -164,7 +164,7 @@ ffi::ErrorOr<Job> WinGetJob(Staging* staging, int64_t win_id, double, I64s src_r
                             ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                             ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(window, LookupWindow(win_id));
-  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(staging, rets));  // none (a start's ticket aside)
+  JAXFOG_ASSIGN_OR_RETURN(out, Outputs(staging, rets));  // none (a start's handle id aside)
   if (args.size() || !out.empty() || src_ranks.size() != src_regions.size() ||
       src_ranks.size() != src_weights.size()) {
     return ffi::Unexpected<ffi::Error>(Malformed(OpCode::kWinGet));
@@ -315,16 +315,16 @@ ffi::ErrorOr<Job> WinStateJob(Staging* staging, int64_t win_id, ffi::Token, ffi:
 // The handlers of this file's ops (Handler, handler.h), then their exported
 // forms (Exports, handler.h).
 template <>
-struct Handler<OpCode::kWinPut> : Async<WinPutJob<false>> {
+struct Handler<OpCode::kWinPut> : OnCommThread<WinPutJob<false>> {
   static auto Bind() { return WinPutBinding(); }
 };
 template <>
-struct Handler<OpCode::kWinAccumulate> : Async<WinPutJob<true>> {
+struct Handler<OpCode::kWinAccumulate> : OnCommThread<WinPutJob<true>> {
   static auto Bind() { return WinPutBinding(); }
 };
 
 template <>
-struct Handler<OpCode::kWinGet> : Async<WinGetJob> {
+struct Handler<OpCode::kWinGet> : OnCommThread<WinGetJob> {
   static auto Bind() {
     return PytreeOp(WindowOp()
                         .Attr<I64s>("src_ranks")
@@ -335,7 +335,7 @@ struct Handler<OpCode::kWinGet> : Async<WinGetJob> {
 };
 
 template <>
-struct Handler<OpCode::kWinUpdate> : Async<WinUpdateJob> {
+struct Handler<OpCode::kWinUpdate> : OnCommThread<WinUpdateJob> {
   static auto Bind() {
     return PytreeOp(WindowOp()
                         .Attr<I64s>("src_regions")
@@ -346,7 +346,7 @@ struct Handler<OpCode::kWinUpdate> : Async<WinUpdateJob> {
 };
 
 template <>
-struct Handler<OpCode::kWinState> : Async<WinStateJob> {
+struct Handler<OpCode::kWinState> : OnCommThread<WinStateJob> {
   static auto Bind() {
     return ffi::Ffi::Bind()
         .Attr<int64_t>("win_id")

@@ -8,23 +8,23 @@ finishes it at the wait (:func:`wait_call`), through two primitives:
 ``start_p`` runs one of the ops' FFI primitives (``neighbor_allreduce_p``...) as
 its C++ start form, ``jaxfog_<op>_start`` (``jaxfog/ffi/nonblocking.h``): the
 inputs are copied before the call returns, the messages move on the
-communication thread in program order, and the call returns a *ticket*.
-``wait_p`` takes the ticket and returns the op's results. Both carry the
+communication thread in program order, and the call returns a *handle id*.
+``wait_p`` takes the handle id and returns the op's results. Both carry the
 ordered communication effect, so a start, a wait and every other op keep the
 program's order on every rank; a wait itself does not communicate.
 
-The ticket is a float32 scalar holding a small integer, so that it can carry
+The handle id is a float32 scalar holding a small integer, so that it can carry
 a cotangent. Both primitives are linear in their data, and the adjoint of
 start/wait is start/wait of the adjoint op (``ADJOINTS``):
 
-* jvp: the tangents are started (a second ticket, the tangent of the first)
+* jvp: the tangents are started (a second handle id, the tangent of the first)
   and waited for where the primal is;
 * transpose: the wait's transpose *starts* the adjoint op on the cotangents
-  of the results, and its ticket travels back as the cotangent of the
-  ticket; the start's transpose waits for it. The adjoint's messages move
+  of the results, and its handle id travels back as the cotangent of the
+  handle id; the start's transpose waits for it. The adjoint's messages move
   while the backward pass computes what lay between start and wait.
 
-Ticket 0 is the zero cotangent (scan and cond may instantiate one): waiting
+Handle id 0 is the zero cotangent (scan and cond may instantiate one): waiting
 for it gives zeros, with no communication.
 """
 
@@ -51,7 +51,7 @@ from jaxfog.ops import _jax_compat
 #: The custom-call target of every wait (``jaxfog/ffi/nonblocking.cc``).
 WAIT_TARGET = "jaxfog_wait"
 
-_TICKET = core.ShapedArray((), np.float32)
+_HANDLE_ID = core.ShapedArray((), np.float32)
 
 
 def start_target(prim: jex_core.Primitive) -> str:
@@ -68,7 +68,7 @@ def _results(prim, static_avals, avals, params: tuple) -> list:
 
 start_p = jex_core.Primitive("jaxfog_start")
 start_p.def_effectful_abstract_eval(
-    lambda *avals, op, params, n_static: (_TICKET, {comm_effect}))
+    lambda *avals, op, params, n_static: (_HANDLE_ID, {comm_effect}))
 start_p.def_impl(lambda *args, **params: _jax_compat.apply_primitive(start_p, *args, **params))
 
 
@@ -76,15 +76,15 @@ def _start_lowering(ctx, *operands, op, params, n_static):
     kw = dict(params)
     results = _results(op, ctx.avals_in[:n_static], ctx.avals_in[n_static:], params)
     # The op's own results are placeholders the start never writes (the C++
-    # start stages them to host scratch); its ticket comes last.
+    # start stages them to host scratch); its handle id comes last.
     outs = lower_comm_call(ctx, start_target(op), operands,
                            ATTRIBUTES[op](ctx.avals_in, **kw),
-                           avals_out=(*results, _TICKET))
+                           avals_out=(*results, _HANDLE_ID))
     return [outs[-1]]
 
 
 def start(prim: jex_core.Primitive, operands: list, params: dict, n_static: int) -> jax.Array:
-    """Starts ``prim.bind(*operands, **params)``; returns its ticket."""
+    """Starts ``prim.bind(*operands, **params)``; returns its handle id."""
     return start_p.bind(*operands, op=prim, params=tuple(sorted(params.items())),
                         n_static=n_static)
 
@@ -98,17 +98,17 @@ def _tangent_operands(xs, tangents) -> list:
 
 
 def _start_jvp(primals, tangents, *, op, params, n_static):
-    ticket = start_p.bind(*primals, op=op, params=params, n_static=n_static)
+    handle_id = start_p.bind(*primals, op=op, params=params, n_static=n_static)
     static, xs = primals[:n_static], primals[n_static:]
     live = [type(t) is not ad.Zero and differentiable(jax.typeof(x))
             for x, t in zip(xs, tangents[n_static:])]
     if not any(live):
-        return ticket, ad.Zero(_TICKET)
+        return handle_id, ad.Zero(_HANDLE_ID)
     if op not in ADJOINTS:
         raise not_differentiable(op)
     tangent = start_p.bind(*static, *_tangent_operands(xs, tangents[n_static:]), op=op,
                            params=params, n_static=n_static)
-    return ticket, tangent
+    return handle_id, tangent
 
 
 def _start_transpose(ct, *operands, op, params, n_static):
@@ -125,24 +125,24 @@ def _start_transpose(ct, *operands, op, params, n_static):
 
 # --- wait ----------------------------------------------------------------------
 
-# Operands: the ticket, then the op's static operands (the wait does not read
+# Operands: the handle id, then the op's static operands (the wait does not read
 # them; its transpose starts the adjoint with them).
 wait_p = jex_core.Primitive("jaxfog_wait")
 wait_p.multiple_results = True
 wait_p.def_effectful_abstract_eval(
-    lambda ticket, *static, op, params, avals: (
+    lambda handle_id, *static, op, params, avals: (
         _results(op, static, avals, params), {comm_effect}))
 wait_p.def_impl(lambda *args, **params: _jax_compat.apply_primitive(wait_p, *args, **params))
 
 
-def _wait_lowering(ctx, ticket, *static, op, params, avals):
-    return lower_comm_call(ctx, WAIT_TARGET, [ticket, *static], {})
+def _wait_lowering(ctx, handle_id, *static, op, params, avals):
+    return lower_comm_call(ctx, WAIT_TARGET, [handle_id, *static], {})
 
 
-def wait(ticket, static: list, prim: jex_core.Primitive, params: dict, avals: list) -> list:
+def wait(handle_id, static: list, prim: jex_core.Primitive, params: dict, avals: list) -> list:
     """The results of the op ``prim`` with ``params`` on data of ``avals``
-    (and ``static`` operands) started as ``ticket``."""
-    return wait_p.bind(ticket, *static, op=prim, params=tuple(sorted(params.items())),
+    (and ``static`` operands) started as ``handle_id``."""
+    return wait_p.bind(handle_id, *static, op=prim, params=tuple(sorted(params.items())),
                        avals=tuple(core.ShapedArray(a.shape, a.dtype) for a in avals))
 
 
@@ -156,9 +156,9 @@ def _wait_jvp(primals, tangents, *, op, params, avals):
                   for m, o, z in zip(moved, outs, zeros)]
 
 
-def _wait_transpose(cts, ticket, *static, op, params, avals):
+def _wait_transpose(cts, handle_id, *static, op, params, avals):
     if all(type(ct) is ad.Zero for ct in cts):
-        return [ad.Zero(_TICKET)] + [None] * len(static)
+        return [ad.Zero(_HANDLE_ID)] + [None] * len(static)
     results = _results(op, [jax.typeof(s) for s in static], avals, params)
     cts = [jnp.zeros(r.shape, r.dtype) if type(ct) is ad.Zero or not differentiable(r)
            else ct for ct, r in zip(cts, results)]
@@ -207,9 +207,9 @@ class Call(NamedTuple):
         return outs if self.post is None else self.post(outs, self.kept)
 
 
-class StartedCall(NamedTuple):
+class CallHandle(NamedTuple):
     """What waiting for a started :class:`Call` needs besides its arrays
-    (``[ticket, *static operands, *kept]``); hashable."""
+    (``[handle_id, *static operands, *kept]``); hashable."""
 
     prim: Any
     params: tuple
@@ -219,40 +219,40 @@ class StartedCall(NamedTuple):
     n_kept: int
 
 
-def start_call(call: Call) -> tuple[list, StartedCall]:
+def start_call(call: Call) -> tuple[list, CallHandle]:
     """Starts ``call``: the arrays its handle holds and how to finish it."""
-    ticket = start(call.prim, call.operands, call.params, call.n_static)
+    handle_id = start(call.prim, call.operands, call.params, call.n_static)
     static, data = call.operands[:call.n_static], call.operands[call.n_static:]
     avals = tuple(core.ShapedArray(jnp.shape(x), jnp.result_type(x)) for x in data)
-    return ([ticket, *static, *call.kept],
-            StartedCall(call.prim, tuple(sorted(call.params.items())), avals, call.n_static,
+    return ([handle_id, *static, *call.kept],
+            CallHandle(call.prim, tuple(sorted(call.params.items())), avals, call.n_static,
                     call.post, len(call.kept)))
 
 
-def wait_call(arrays: list, started: StartedCall) -> list:
+def wait_call(arrays: list, handle: CallHandle) -> list:
     """The results of the call started as ``arrays`` (from :func:`start_call`)."""
-    ticket, rest = arrays[0], list(arrays[1:])
-    if not isinstance(ticket, jax.core.Tracer):
-        # Eagerly, a spent ticket is refused here: the handler's own error would
+    handle_id, rest = arrays[0], list(arrays[1:])
+    if not isinstance(handle_id, jax.core.Tracer):
+        # Eagerly, a spent handle id is refused here: the handler's own error would
         # reach the caller only at a later block on CUDA (asynchronous dispatch).
-        _check_pending("jaxfog.wait", ticket)
-    static, kept = rest[:started.n_static], rest[started.n_static:]
-    outs = wait(ticket, static, started.prim, dict(started.params), list(started.avals))
-    return outs if started.post is None else started.post(outs, kept)
+        _check_pending("jaxfog.wait", handle_id)
+    static, kept = rest[:handle.n_static], rest[handle.n_static:]
+    outs = wait(handle_id, static, handle.prim, dict(handle.params), list(handle.avals))
+    return outs if handle.post is None else handle.post(outs, kept)
 
 
 
-def poll_call(arrays: list, started: StartedCall) -> bool:
-    """Whether the call started as ``arrays`` has finished (its ticket concrete)."""
+def poll_call(arrays: list, handle: CallHandle) -> bool:
+    """Whether the call started as ``arrays`` has finished (its handle id concrete)."""
     if isinstance(arrays[0], jax.core.Tracer):
-        raise TypeError("jaxfog.poll reads a handle's ticket: call it outside jit")
-    return _check_pending("jaxfog.poll", arrays[0]) != 0  # ticket 0 (idle): nothing in flight
+        raise TypeError("jaxfog.poll reads a handle's id: call it outside jit")
+    return _check_pending("jaxfog.poll", arrays[0]) != 0  # handle id 0 (idle): nothing in flight
 
 
-def _check_pending(what: str, ticket: Any) -> int:
-    """The C++ library's state of a concrete ticket (1 finished, 0 in flight or
+def _check_pending(what: str, handle_id: Any) -> int:
+    """The C++ library's state of a concrete handle id (1 finished, 0 in flight or
     idle); raises :class:`HandleError` for one that is not pending."""
-    number = float(np.asarray(ticket))
+    number = float(np.asarray(handle_id))
     state = ffi.library().jaxfog_handle_done(number)
     if state < 0 and number != 0:
         raise HandleError(f"{what}: handle {number:g} is not pending on this process: "

@@ -41,30 +41,30 @@ from jaxfog.ops import _args, _backends
 class Handle:
     """A nonblocking op in flight; :func:`wait` gives its result.
 
-    A pytree: its leaves are JAX arrays (on MPI processes a ticket naming the
+    A pytree: its leaves are JAX arrays (on MPI processes a handle id naming the
     op in this process's C++ library; on simulated agents the held result),
     its structure says which op it is and how to finish it. Pass it through
     ``jit``, return it, carry it in a ``lax.scan``.
     """
 
-    __slots__ = ("arrays", "spec", "waited")
+    __slots__ = ("arrays", "aux", "waited")
 
-    def __init__(self, arrays: Sequence[Any], spec: Any):
+    def __init__(self, arrays: Sequence[Any], aux: Any):
         self.arrays = tuple(arrays)
-        # (op, the backend's record of the start, the result's treedef)
-        self.spec = spec
+        # Its pytree aux data: (op, the backend's handle, the result's treedef).
+        self.aux = aux
         self.waited = False
 
     @property
     def op(self) -> str:
-        return self.spec[0]
+        return self.aux[0]
 
     def tree_flatten(self):
-        return self.arrays, self.spec
+        return self.arrays, self.aux
 
     @classmethod
-    def tree_unflatten(cls, spec, arrays):
-        return cls(arrays, spec)
+    def tree_unflatten(cls, aux, arrays):
+        return cls(arrays, aux)
 
     def __repr__(self) -> str:
         return f"Handle({self.op})"
@@ -74,15 +74,15 @@ def start(op: _backends.Op, x: Any, args: Any) -> Handle:
     """Starts ``op`` with its resolved ``args`` on the pytree ``x``: each
     ``*_nonblocking`` form of a message op (in its op's module) is this."""
     leaves, treedef = _args.leaves(op.name, x)
-    return started(op, leaves, treedef, args, op.name, treedef)
+    return start_leaves(op, leaves, treedef, args, op.name, treedef)
 
 
-def started(op: _backends.Op, leaves: list, treedef: Any, args: Any, label: str,
-            result: Any) -> Handle:
+def start_leaves(op: _backends.Op, leaves: list, treedef: Any, args: Any, label: str,
+                 result: Any) -> Handle:
     """Starts ``op`` on the backend (the one call of its ``start``): a handle
     named ``label`` whose wait gives a result of structure ``result``."""
-    arrays, record = _backends.current().start(op, leaves, treedef, args)
-    return Handle(arrays, (label, record, result))
+    arrays, backend_handle = _backends.current().start(op, leaves, treedef, args)
+    return Handle(arrays, (label, backend_handle, result))
 
 
 def wait(handle: Handle) -> Any:
@@ -98,8 +98,9 @@ def wait(handle: Handle) -> Any:
         raise HandleError(f"jaxfog.wait: this {handle.op} handle was already waited for "
                           "(wait for each handle once)")
     handle.waited = True
-    op, record, treedef = handle.spec
-    return jax.tree.unflatten(treedef, _backends.current().wait(list(handle.arrays), record))
+    op, backend_handle, treedef = handle.aux
+    leaves = _backends.current().wait(list(handle.arrays), backend_handle)
+    return jax.tree.unflatten(treedef, leaves)
 
 
 def poll(handle: Handle) -> bool:
@@ -111,8 +112,8 @@ def poll(handle: Handle) -> bool:
                           f"{type(handle).__name__}")
     if handle.waited:
         raise HandleError(f"jaxfog.poll: this {handle.op} handle was already waited for")
-    op, record, treedef = handle.spec
-    return _backends.current().poll(list(handle.arrays), record)
+    op, backend_handle, treedef = handle.aux
+    return _backends.current().poll(list(handle.arrays), backend_handle)
 
 
 def wait_all(tree: Any) -> Any:

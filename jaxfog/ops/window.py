@@ -251,7 +251,7 @@ def _start_put(x: Any, name: str, self_weight: Any, dst_weights: Any, require_mu
     args = _args.win_put(name=name, self_weight=self_weight, dst_weights=dst_weights,
                          require_mutex=require_mutex, accumulate=accumulate)
     leaves, treedef = _args.leaves(args.what, x)
-    return nonblocking.started(WIN_PUT, leaves, treedef, args,
+    return nonblocking.start_leaves(WIN_PUT, leaves, treedef, args,
                                args.what.removeprefix("jaxfog."), treedef)
 
 
@@ -273,7 +273,7 @@ def win_get_nonblocking(name: str, *, src_weights: Any = None,
     """Starts :func:`jaxfog.ops.window.win_get` (same arguments); :func:`wait` gives True
     once the slots hold what was read."""
     args = _args.win_get(name=name, src_weights=src_weights, require_mutex=require_mutex)
-    return nonblocking.started(WIN_GET, [], None, args, "win_get", jax.tree.structure(True))
+    return nonblocking.start_leaves(WIN_GET, [], None, args, "win_get", jax.tree.structure(True))
 
 
 __all__ = ["win_accumulate", "win_accumulate_nonblocking", "win_create", "win_free", "win_get",

@@ -218,7 +218,7 @@ def delayed_mix(tree: Tree, delayed: Delayed, topology: Any, count: jax.Array,
 
 def _idle(exchange: tuple) -> tuple:
     """An exchange that mixes nothing, in the place of ``exchange``: its
-    handle's arrays zero (ticket 0 on MPI processes, which waits for nothing
+    handle's arrays zero (handle id 0 on MPI processes, which waits for nothing
     and gives zeros; zeros held on simulated agents), ``sent`` zero and the
     self weight 1, so that :func:`delayed_mix`'s
     ``wait + w (tree - sent)`` gives ``tree`` back. Structure, shapes and

@@ -192,6 +192,13 @@ def beer(learning_rate: float | optax.Schedule, *, compressor: C.Compressor, gam
       :class:`BeerState`; ``update(grads, state, params)`` needs ``params``
       and returns :math:`x_i^{k+1} - x_i^k`. Use it alone.
 
+    Example::
+
+        optimizer = jaxfog.optax.beer(0.05, compressor=jaxfog.compress.top_k(0.1),
+                                      gamma=0.3, topology=jaxfog.topology.ring(jaxfog.size()))
+        opt_state = optimizer.init(params)
+        # ... then the jitted train step of the module docstring
+
     References:
       Zhao, Li, Richtárik, Chi. *BEER: Fast O(1/T) Rate for Decentralized
       Nonconvex Optimization with Communication Compression*. NeurIPS, 2022.

@@ -94,7 +94,7 @@ class Diffusion(optax.GradientTransformationExtraArgs):
         lost) or before saving the state (a handle names an exchange of this
         process; it cannot be restored). Runs the same waits on every rank, in
         one order; jittable. The state after it holds ``d`` *idle* exchanges
-        (zero arrays: on MPI processes ticket 0, which waits for nothing),
+        (zero arrays: on MPI processes handle id 0, which waits for nothing),
         the same pytree as before, so :func:`jaxfog.wait_all` on it is safe
         and training may go on: its next ``d`` steps mix with nobody
         (:math:`W = I`, since the exchanges they would have waited for were

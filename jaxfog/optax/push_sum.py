@@ -268,6 +268,14 @@ def async_push_sum(inner: optax.GradientTransformation, *, name: str = "jaxfog.p
     (default: the current one, read at every call; its window is made for
     the graph ``init`` sees).
 
+    Example::
+
+        optimizer = jaxfog.optax.async_push_sum(optax.sgd(0.1), name="sgp")
+        opt_state = optimizer.init(params)  # creates the window "sgp"
+        updates, opt_state = optimizer.update(grads, opt_state, params)  # waits for nobody
+        params = optax.apply_updates(params, updates)
+        jaxfog.win_free("sgp")  # at the end
+
     References:
       Assran, Loizou, Ballas, Rabbat. *Stochastic Gradient Push for
       Distributed Deep Learning*. ICML, 2019 (asynchronous variant).

@@ -22,7 +22,7 @@ All three branches return a handle of one structure: the result's treedef,
 shapes and dtypes are those of the fragment, whatever the branch. A slot
 with no exchange in flight (before the fragment's first sync, and after each
 finish) holds an *idle* handle: the structure of the start's handle, from
-``jax.eval_shape`` (which starts nothing), with zero arrays: ticket 0 on MPI
+``jax.eval_shape`` (which starts nothing), with zero arrays: handle id 0 on MPI
 processes, which waits for nothing and gives zeros, and zeros on simulated
 agents. So every handle in the state is either in flight or idle, never one
 already waited for: :func:`jaxfog.wait_all` on the state is safe (it drops
@@ -67,7 +67,7 @@ class StreamingDiLoCoState(NamedTuple):
     #: result of its last outer step (``params`` after ``init``).
     anchor: Tree
     #: One :class:`jaxfog.Handle` per fragment: its exchange in flight, or an
-    #: idle handle (ticket 0, zeros) when none is; ``()`` with ``delay=0``.
+    #: idle handle (handle id 0, zeros) when none is; ``()`` with ``delay=0``.
     handles: tuple
     #: Whether fragment :math:`p`'s exchange is in flight (bool, one per fragment).
     pending: jax.Array

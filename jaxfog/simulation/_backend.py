@@ -276,7 +276,7 @@ def _source_table(sim: _context.Simulation, src_ranks: Any) -> np.ndarray:
     return table
 
 
-class SimulatedStart(NamedTuple):
+class SimulatedHandle(NamedTuple):
     """A nonblocking op's results are its arrays: the first ``n`` (then, with
     delays, the time its last message arrives)."""
 
@@ -300,21 +300,21 @@ class SimulatedOps(_OnAgents):
         return SIMULATED[op.name](self.sim, leaves, treedef, args)
 
     def start(self, op: Any, leaves: list, treedef: Any, args: Any
-              ) -> tuple[list, SimulatedStart]:
+              ) -> tuple[list, SimulatedHandle]:
         with _clock.recording_arrivals() as arrivals:
             outs = self.apply(op, leaves, treedef, args)
         outs = [True] if outs is True else list(outs)  # a get: True
         if not arrivals:
-            return outs, SimulatedStart(len(outs), False)
-        return [*outs, functools.reduce(jnp.maximum, arrivals)], SimulatedStart(len(outs), True)
+            return outs, SimulatedHandle(len(outs), False)
+        return [*outs, functools.reduce(jnp.maximum, arrivals)], SimulatedHandle(len(outs), True)
 
-    def poll(self, arrays: list, started: SimulatedStart) -> bool:
+    def poll(self, arrays: list, handle: SimulatedHandle) -> bool:
         return True  # the result is held in the handle
 
-    def wait(self, arrays: list, started: SimulatedStart) -> list:
-        if started.timed:
-            _clock.arrive(arrays[started.n])
-        return list(arrays[:started.n])
+    def wait(self, arrays: list, handle: SimulatedHandle) -> list:
+        if handle.timed:
+            _clock.arrive(arrays[handle.n])
+        return list(arrays[:handle.n])
 
     def barrier(self) -> None:
         """Simulated agents run in lockstep: only their clocks wait."""
@@ -345,7 +345,7 @@ class SimulatedWindows(_OnAgents):
 
 
 class SimulatedTrainingLoop(_OnAgents):
-    """An agent's training loop (jaxfog.ops._agent): simulated time, traced steps."""
+    """An agent's training loop (jaxfog.ops._training_loop): simulated time, traced steps."""
 
     def now(self) -> Any:
         return _clock.now()

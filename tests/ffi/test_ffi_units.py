@@ -270,7 +270,7 @@ namespace ffi = ::xla::ffi;
 
 std::mutex mutex;
 std::vector<std::string> calls;  // the NCCL calls made, in order
-struct Pending { const void* from; void* to; size_t bytes; };
+struct Posted { const void* from; void* to; size_t bytes; };
 std::vector<const void*> sent;
 std::vector<std::pair<void*, size_t>> received;
 std::atomic<bool> gpu_stuck{false};  // events never complete

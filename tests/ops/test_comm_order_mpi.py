@@ -21,7 +21,7 @@ from mpi_harness import mpi_test
 pytestmark = pytest.mark.jax_internals
 
 # Large messages go to the communication thread, small ones would run inline.
-ASYNC_MIN_BYTES = 1 << 16
+COMM_THREAD_MIN_BYTES = 1 << 16
 
 
 def _mixed_dispatches():
@@ -68,7 +68,7 @@ def _mixed_dispatches():
         np.testing.assert_allclose(np.asarray(got), want[r], rtol=1e-4, atol=1e-4)
 
 
-@mpi_test(nprocs=(2, 3, 5), timeout=400, env={"JAXFOG_ASYNC_MIN_BYTES": str(ASYNC_MIN_BYTES),
-                                               "JAXFOG_TIMEOUT": "120"})
+@mpi_test(nprocs=(2, 3, 5), timeout=400,
+          env={"JAXFOG_COMM_THREAD_MIN_BYTES": str(COMM_THREAD_MIN_BYTES), "JAXFOG_TIMEOUT": "120"})
 def test_small_and_large_ops_of_independent_calls_keep_one_order():
     _mixed_dispatches()

@@ -82,7 +82,7 @@ def late_peer_body():
 def test_backward_pass_fills_the_wait_for_a_late_peer(tmp_path, mode):
     result_file = tmp_path / "result.json"
     env = {"RESULT_FILE": str(result_file),
-           "JAXFOG_ASYNC_MIN_BYTES": "0" if mode == "async" else "off"}
+           "JAXFOG_COMM_THREAD_MIN_BYTES": "0" if mode == "async" else "off"}
     result = run_mpi(2, __file__, "late_peer_body", timeout=180, env=env)
     assert result.ok, result.report()
     timing = json.loads(result_file.read_text())

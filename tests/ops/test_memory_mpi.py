@@ -99,10 +99,10 @@ def out_of_memory_body():
     jf.barrier()
 
 
-@pytest.mark.parametrize("async_min_bytes", ["0", "off"])
-def test_an_op_out_of_memory_fails_with_an_error_and_the_rank_goes_on(async_min_bytes):
+@pytest.mark.parametrize("comm_thread_min_bytes", ["0", "off"])
+def test_an_op_out_of_memory_fails_with_an_error_and_the_rank_goes_on(comm_thread_min_bytes):
     # "0": the op runs on the communication thread; "off": inline in XLA's.
     result = run_mpi(2, __file__, "out_of_memory_body", timeout=120,
                      env={"JAXFOG_SCRATCH_KEEP_BYTES": "0",
-                          "JAXFOG_ASYNC_MIN_BYTES": async_min_bytes})
+                          "JAXFOG_COMM_THREAD_MIN_BYTES": comm_thread_min_bytes})
     assert result.ok, result.report()

@@ -291,7 +291,7 @@ def test_a_start_returns_before_its_peer_arrives():
     import numpy as np
 
     jf, r, n, X = _setup(seed=6, shape=(3,))
-    jf.set_async_min_bytes(1 << 20)  # 24 bytes would run inline if blocking
+    jf.set_comm_thread_min_bytes(1 << 20)  # 24 bytes would run inline if blocking
     x = jnp.asarray(X[r])
     jf.wait(jf.allreduce_nonblocking(x))  # compiled and warm on both ranks
     jf.barrier()
@@ -321,7 +321,7 @@ def test_a_late_peer_hides_behind_compute():
     import numpy as np
 
     jf, r, n, X = _setup(seed=8, shape=(1 << 19,))  # float64: 4 MB
-    jf.set_async_min_bytes(0)  # the blocking op in one step on the communication thread too
+    jf.set_comm_thread_min_bytes(0)  # the blocking op in one step on the communication thread too
     late = 1.0
     x = jnp.asarray(X[r])
     want = X.mean(0)  # 2 ranks: the exponential graph averages both

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.jax_internals
 #: Exported C entry points of c_api.cc: everything else named jaxfog_* is a handler.
 C_API = {"jaxfog_register_mpi_comm", "jaxfog_release_comm", "jaxfog_timeline_start",
          "jaxfog_timeline_flush", "jaxfog_keep_freed_memory", "jaxfog_set_scratch_keep_bytes",
-         "jaxfog_set_async_min_bytes", "jaxfog_async_min_bytes", "jaxfog_mpi_library_version",
+         "jaxfog_set_comm_thread_min_bytes", "jaxfog_comm_thread_min_bytes",
+         "jaxfog_mpi_library_version",
          "jaxfog_mpi_query_thread", "jaxfog_xla_ffi_api_version", "jaxfog_link_info",
          "jaxfog_build_info", "jaxfog_op_table", "jaxfog_win_create", "jaxfog_win_fill",
          "jaxfog_win_free", "jaxfog_win_query", "jaxfog_win_mutex", "jaxfog_traffic",

@@ -425,7 +425,7 @@ def test_mpi_processes_give_the_simulated_iterates_and_start_only_at_syncs():
         if op == "allreduce":  # finish: waits for what is in flight, takes its outer steps
             updates, state = jax.jit(optimizer.finish)(state, x)
             assert not np.asarray(state.pending).any()
-        # Every slot is in flight or idle (ticket 0), never spent: wait_all is safe,
+        # Every slot is in flight or idle (handle id 0), never spent: wait_all is safe,
         # after finish (all idle) or instead of it (drops what is in flight).
         jf.wait_all(state)
         every_rank = MPI.COMM_WORLD.gather(np.stack(mine))

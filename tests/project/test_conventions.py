@@ -24,8 +24,8 @@ from optax_cases import least_squares
 @pytest.mark.parametrize("call, error, match", [
     (lambda: jf.broadcast(jnp.ones(2), root="a"), TypeError, "root must be an int"),
     (lambda: jf.broadcast(jnp.ones(2), root=3), ValueError, r"root must be a rank in \[0, 1\)"),
-    (lambda: jf.set_async_min_bytes(1.5), TypeError, "min_bytes must be an int"),
-    (lambda: jf.set_async_min_bytes(-1), ValueError, "min_bytes must be >= 0"),
+    (lambda: jf.set_comm_thread_min_bytes(1.5), TypeError, "min_bytes must be an int"),
+    (lambda: jf.set_comm_thread_min_bytes(-1), ValueError, "min_bytes must be >= 0"),
     (lambda: C.low_rank(2.0), TypeError, "rank must be an int"),
     (lambda: C.low_rank(0), ValueError, "rank must be >= 1"),
     (lambda: C.qsgd("7"), TypeError, "levels must be an int"),

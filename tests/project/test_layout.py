@@ -40,8 +40,8 @@ LAYERS = [
       "jaxfog.simulation._backend"]),
     ("the ops, each in one block: arguments, primitive, rules, MPI call, public functions",
      ["jaxfog.ops.neighbor", "jaxfog.ops.collective", "jaxfog.ops.hierarchical",
-      "jaxfog.ops.process", "jaxfog.ops.window", "jaxfog.ops.nonblocking", "jaxfog.ops._agent",
-      "jaxfog.ops"]),
+      "jaxfog.ops.process", "jaxfog.ops.window", "jaxfog.ops.nonblocking",
+      "jaxfog.ops._training_loop", "jaxfog.ops"]),
     ("one program, any scale: simulated agents, a device mesh",
      ["jaxfog.mesh", "jaxfog.simulation.agents", "jaxfog.simulation"]),
     ("algorithms",
@@ -416,3 +416,45 @@ def test_test_folders_mirror_the_package():
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
     helpers = [p.name for p in tests.glob("*/*.py") if not p.name.startswith("test_")]
     assert not helpers, f"helpers belong in tests/ (shared), not in a folder: {helpers}"
+
+
+#: The words the architecture page's "Words" replaced, and where each may
+#: still appear (its deprecated alias, the test of that alias).
+_REPLACED_WORDS = {
+    r"\bticket": (),
+    r"\bStartedCall\b|\bSimulatedStart\b|\bclass Pending\b|\bstruct Pending\b": (),
+    r"\bAsync<": (),
+    r"\bops\._agent\b|\b_agent\.py\b": (),
+    r"JAXFOG_ASYNC_MIN_BYTES|\basync_min_bytes\b": (
+        "jaxfog/runtime.py", "jaxfog/__init__.py", "docs/api.rst", "docs/environment.rst",
+        "tests/runtime/test_runtime.py"),
+}
+
+
+def test_one_word_per_concept():
+    """The words of the architecture page's glossary are the only ones: the
+    words they replaced appear nowhere in the code, the tests or the docs, but
+    for the deprecated aliases that keep users' programs working."""
+    root = PACKAGE.parent
+    files = [p for folder in ("jaxfog", "tests", "docs", "benchmarks", "examples", "scripts")
+             for p in (root / folder).rglob("*")
+             if p.suffix in (".py", ".rst", ".cc", ".h", ".sh", ".md") and "_build" not in p.parts
+             and p.name != "test_layout.py"]
+    files.append(root / "README.md")
+    page = (root / "docs" / "architecture.rst").read_text()
+    assert "\nWords\n-----\n" in page
+    # The glossary itself names the words it replaced.
+    glossary = range(page[:page.index("\nWords\n")].count("\n") + 1,
+                     page[:page.index("\nWhere things live\n")].count("\n") + 2)
+    offenders = []
+    for pattern, allowed in _REPLACED_WORDS.items():
+        word = re.compile(pattern, re.IGNORECASE if pattern == r"\bticket" else 0)
+        for path in files:
+            where = str(path.relative_to(root))
+            if where in allowed:
+                continue
+            offenders += [f"{where}:{n}: {line.strip()}"
+                          for n, line in enumerate(path.read_text().splitlines(), 1)
+                          if word.search(line)
+                          and not (where == "docs/architecture.rst" and n in glossary)]
+    assert not offenders, offenders

@@ -8,6 +8,8 @@ import importlib.util
 import subprocess
 import sys
 
+import warnings
+
 import pytest
 
 import jaxfog as jf
@@ -71,13 +73,13 @@ def test_bad_timeout_is_rejected(fresh, monkeypatch):
         jf.init()
 
 
-def test_bad_async_threshold_is_rejected(fresh, monkeypatch):
-    monkeypatch.setenv("JAXFOG_ASYNC_MIN_BYTES", "1MB")
-    with pytest.raises(ValueError, match="JAXFOG_ASYNC_MIN_BYTES='1mb' must be a number"):
+def test_bad_comm_thread_threshold_is_rejected(fresh, monkeypatch):
+    monkeypatch.setenv("JAXFOG_COMM_THREAD_MIN_BYTES", "1MB")
+    with pytest.raises(ValueError, match="JAXFOG_COMM_THREAD_MIN_BYTES='1mb' must be a number"):
         jf.init()
 
 
-def test_async_threshold_can_change_between_ops(fresh):
+def test_comm_thread_threshold_can_change_between_ops(fresh):
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -86,14 +88,14 @@ def test_async_threshold_can_change_between_ops(fresh):
     x = jnp.arange(50000.0)
     total = jax.jit(jf.allreduce)
     for threshold in (0, None, 1 << 30, 0):
-        jf.set_async_min_bytes(threshold)
-        assert jf.async_min_bytes() == threshold
+        jf.set_comm_thread_min_bytes(threshold)
+        assert jf.comm_thread_min_bytes() == threshold
         np.testing.assert_array_equal(total(x), x)
     with pytest.raises(ValueError, match="min_bytes must be >= 0"):
-        jf.set_async_min_bytes(-1)
+        jf.set_comm_thread_min_bytes(-1)
     for bad in (1.5, "64k", True):
         with pytest.raises(TypeError, match="min_bytes must be an int"):
-            jf.set_async_min_bytes(bad)
+            jf.set_comm_thread_min_bytes(bad)
 
 
 @pytest.mark.parametrize("text, cores, local_size, expected", [
@@ -103,12 +105,35 @@ def test_async_threshold_can_change_between_ops(fresh):
     ("off", 64, 1, -1),
     (" 4096 ", 1, 1, 4096),
 ])
-def test_async_threshold_from_environment(monkeypatch, text, cores, local_size, expected):
+def test_comm_thread_threshold_from_environment(monkeypatch, text, cores, local_size, expected):
     from jaxfog import runtime
 
-    monkeypatch.setenv("JAXFOG_ASYNC_MIN_BYTES", text)
+    monkeypatch.setenv("JAXFOG_COMM_THREAD_MIN_BYTES", text)
     monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda _: set(range(cores)))
-    assert runtime._async_min_bytes_from_env(local_size) == expected
+    assert runtime._comm_thread_min_bytes_from_env(local_size) == expected
+
+
+def test_the_old_async_names_of_the_comm_thread_threshold_still_work_and_warn(fresh, monkeypatch):
+    """``JAXFOG_ASYNC_MIN_BYTES`` and ``(set_)async_min_bytes``, its names until
+    0.1 ("async" now names the asynchronous algorithms only)."""
+    from jaxfog import runtime
+
+    monkeypatch.delenv("JAXFOG_COMM_THREAD_MIN_BYTES", raising=False)
+    monkeypatch.setenv("JAXFOG_ASYNC_MIN_BYTES", "4096")
+    with pytest.warns(FutureWarning, match="JAXFOG_ASYNC_MIN_BYTES is deprecated: set "
+                      "JAXFOG_COMM_THREAD_MIN_BYTES"):
+        assert runtime._comm_thread_min_bytes_from_env(1) == 4096
+    monkeypatch.setenv("JAXFOG_COMM_THREAD_MIN_BYTES", "off")  # the new name wins, silently
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert runtime._comm_thread_min_bytes_from_env(1) == -1
+    monkeypatch.delenv("JAXFOG_COMM_THREAD_MIN_BYTES")
+    jf.init()
+    with pytest.warns(FutureWarning, match="jaxfog.set_async_min_bytes is deprecated: call "
+                      "jaxfog.set_comm_thread_min_bytes"):
+        jf.set_async_min_bytes(123)
+    with pytest.warns(FutureWarning, match="jaxfog.async_min_bytes is deprecated"):
+        assert jf.async_min_bytes() == 123 == jf.comm_thread_min_bytes()
 
 
 def test_info_reports_versions_mpi_and_library():

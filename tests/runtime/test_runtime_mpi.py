@@ -164,7 +164,7 @@ def test_shutdown_and_reinit():
     jf.barrier()
 
 
-@mpi_test(nprocs=(2, 3, 5), timeout=180, env={"JAXFOG_ASYNC_MIN_BYTES": "0"})
+@mpi_test(nprocs=(2, 3, 5), timeout=180, env={"JAXFOG_COMM_THREAD_MIN_BYTES": "0"})
 def test_python_collectives_never_share_a_communicator_with_dispatched_steps():
     """Steps whose collectives run on the communication thread are dispatched
     and not waited for; each Python-side collective follows at once."""

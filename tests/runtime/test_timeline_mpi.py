@@ -123,7 +123,7 @@ def _merge(*argv):
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     folder = tmp_path_factory.mktemp("timeline")
-    env = {"JAXFOG_TIMELINE": str(folder / "trace.json"), "JAXFOG_ASYNC_MIN_BYTES": "0"}
+    env = {"JAXFOG_TIMELINE": str(folder / "trace.json"), "JAXFOG_COMM_THREAD_MIN_BYTES": "0"}
     result = run_mpi(2, __file__, "ops_body", timeout=180, env=env)
     assert result.ok, result.report()
     assert sorted(os.listdir(folder)) == ["trace.rank0.json", "trace.rank1.json"]
@@ -184,7 +184,7 @@ def test_async_ops_show_their_time_queued(traces):
                  if e["ph"] == "M" and e["name"] == "thread_name"}
         ops = _spans(trace, "op")
         queued = _spans(trace, "queue")
-        # JAXFOG_ASYNC_MIN_BYTES=0: every op ran on the communication thread.
+        # JAXFOG_COMM_THREAD_MIN_BYTES=0: every op ran on the communication thread.
         assert len(queued) == len(ops)
         for op in ops:
             assert names.get(op["tid"]) == "jaxfog communication thread"

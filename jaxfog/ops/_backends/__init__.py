@@ -10,7 +10,7 @@ What a backend implements comes in four concerns, one protocol each:
 arguments, returning the result leaves; the nonblocking start, wait and
 poll), :class:`Windows` (the one-sided
 windows), :class:`TrainingLoop` (what an agent's training loop needs: its
-clock, compiled steps, the loop; ``jaxfog.ops._agent``) and
+clock, compiled steps, the loop; ``jaxfog.ops._training_loop``) and
 :class:`SharedValues` (AD-PSGD's shared models). :class:`Backend` is all
 four; each backend implements each concern in a class of its own and is
 their union. A new backend implements them; no module above ``jaxfog.ops``
@@ -64,9 +64,9 @@ class Ops(Protocol):
     def start(self, op: Op, leaves: Leaves, treedef: Any, args: Any
               ) -> tuple[Leaves, Any]: ...
 
-    def wait(self, arrays: Leaves, started: Any) -> Leaves: ...
+    def wait(self, arrays: Leaves, handle: Any) -> Leaves: ...
 
-    def poll(self, arrays: Leaves, started: Any) -> bool:
+    def poll(self, arrays: Leaves, handle: Any) -> bool:
         """Whether ``wait`` would return at once (concrete arrays)."""
 
 
@@ -92,7 +92,7 @@ class Windows(Protocol):
 
 
 class TrainingLoop(Protocol):
-    """An agent's training loop (jaxfog.ops._agent, for jaxfog.asynchrony):
+    """An agent's training loop (jaxfog.ops._training_loop, for jaxfog.asynchrony):
     what differs between running as processes in real time and as traced
     agents in simulated time."""
 
@@ -100,7 +100,7 @@ class TrainingLoop(Protocol):
         """This agent's clock, in seconds."""
 
     def call_step(self, step: Any, *args: Any) -> Any:
-        """Runs a ``jaxfog.ops._agent.StepFunction`` (compiled, or traced in)."""
+        """Runs a ``jaxfog.ops._training_loop.StepFunction`` (compiled, or traced in)."""
 
     def compile_step(self, step: Any, *args: Any) -> None:
         """Compiles it ahead of the loop (where there is anything to compile)."""

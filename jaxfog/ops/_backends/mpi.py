@@ -15,7 +15,7 @@ from typing import Any
 from jaxfog import ffi, runtime
 from jaxfog.errors import JaxfogTimeoutError
 from jaxfog.ops import _call
-from jaxfog.ops._call import StartedCall
+from jaxfog.ops._call import CallHandle
 from jaxfog.ops import _backend_primitives as P
 from jaxfog.ops._backends import mpi_windows
 
@@ -39,20 +39,20 @@ class MpiOps:
 
     # Nonblocking ops: each op's Call started, and finished at the wait.
     def start(self, op: Any, leaves: list, treedef: Any, args: Any
-              ) -> tuple[list, StartedCall]:
+              ) -> tuple[list, CallHandle]:
         if op.mpi is None:
             raise NotImplementedError(f"jaxfog.{op.name} has no nonblocking form")
         return _call.start_call(op.mpi(leaves, treedef, args))
 
-    def wait(self, arrays: list, started: StartedCall) -> list:
-        return _call.wait_call(arrays, started)
+    def wait(self, arrays: list, handle: CallHandle) -> list:
+        return _call.wait_call(arrays, handle)
 
-    def poll(self, arrays: list, started: StartedCall) -> bool:
-        return _call.poll_call(arrays, started)
+    def poll(self, arrays: list, handle: CallHandle) -> bool:
+        return _call.poll_call(arrays, handle)
 
 
 class MpiTrainingLoop:
-    """An agent's training loop (jaxfog.ops._agent): real time, compiled steps."""
+    """An agent's training loop (jaxfog.ops._training_loop): real time, compiled steps."""
 
     def now(self) -> float:
         return time.perf_counter()

@@ -338,8 +338,8 @@ def win_mutex(name: str, ranks: Any) -> Iterator[None]:
         _call(lib.jaxfog_win_mutex, window.id, held.ctypes.data, held.size, 0)
 
 
-# -- AD-PSGD's shared models (jaxfog.ops._agent): published values read and -----------------
-# -- averaged under the window mutexes, in short compiled calls -----------------------------
+# -- AD-PSGD's shared models (jaxfog.ops._training_loop): published values read ---------------
+# -- and averaged under the window mutexes, in short compiled calls -------------------------
 
 _values: dict[str, dict[str, Any]] = {}
 
