@@ -128,6 +128,7 @@ def test_the_old_async_names_of_the_comm_thread_threshold_still_work_and_warn(fr
         warnings.simplefilter("error")
         assert runtime._comm_thread_min_bytes_from_env(1) == -1
     monkeypatch.delenv("JAXFOG_COMM_THREAD_MIN_BYTES")
+    monkeypatch.delenv("JAXFOG_ASYNC_MIN_BYTES")  # init reads the environment too
     jf.init()
     with pytest.warns(FutureWarning, match="jaxfog.set_async_min_bytes is deprecated: call "
                       "jaxfog.set_comm_thread_min_bytes"):
