@@ -28,9 +28,8 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
-from paths import REPO
+from paths import DOCS, REPO
 
-DOCS = REPO / "docs"
 MARK = "doc-snippet"
 
 
