@@ -32,9 +32,9 @@ class Simulation:
     machine_topology: T.Topology
     #: How ops run while this simulation is traced: ``backend(simulation)``
     #: is the ``jaxfog.ops._backends.Backend`` that
-    #: ``jaxfog.ops._backends.current()`` returns (the simulation's front end
-    #: passes ``jaxfog.simulation._backend.SimulatedBackend``), so the ops never
-    #: import the simulation.
+    #: ``jaxfog.ops._dispatch.current()`` returns (the simulation's front end
+    #: passes ``jaxfog.simulation._backend.SimulatedBackend``), so no op
+    #: imports a backend.
     backend: Callable[[Simulation], Any] = dataclasses.field(compare=False, kw_only=True)
     #: Several agents per device of a mesh (``simulate(mesh=...)`` with n a
     #: multiple of the devices): ``axis_name`` is then the device axis and

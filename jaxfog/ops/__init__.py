@@ -2,9 +2,10 @@
 
 Each op is one block of its family's module (``neighbor``, ``collective``,
 ``hierarchical``, ``process``, ``window``): it resolves its arguments once
-and runs on the backend :func:`jaxfog.ops._backends.current` picks: its FFI
-primitive (a custom call into the C++ library over MPI) or the simulation's
-``lax`` collectives. See ``docs/architecture.rst``.
+and is one record holding its rule on each backend, of which
+:func:`jaxfog.ops._dispatch.current` picks one: its FFI primitive (a custom
+call into the C++ library over MPI) or ``lax`` collectives over simulated
+agents. See ``docs/architecture.rst``.
 
 ``OPS`` below is the one list of public ops: the name of each and the module
 of its family that defines it. ``jaxfog.<op>`` and ``jaxfog.ops.<op>`` are

@@ -1,5 +1,5 @@
-"""The primitives the backends bind themselves: barrier, fence, and the
-one-sided windows' (whose state the MPI backend holds, ``mpi_windows``).
+"""The primitives bound outside an op's own block: barrier, fence, and the
+one-sided windows' (whose rules on MPI, ``_windows_mpi``, hold their state).
 
 The message ops' primitives live in their ops' modules
 (``jaxfog.ops.neighbor``, ``collective``), each beside its rules. These, like

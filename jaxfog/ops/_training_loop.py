@@ -1,7 +1,7 @@
 """What an agent's training loop needs from the backend it runs on.
 
 :mod:`jaxfog.asynchrony`'s trainers are written once against these
-functions; each asks :func:`jaxfog.ops._backends.current` (the one place a
+functions; each asks :func:`jaxfog.ops._dispatch.current` (the one place a
 backend is chosen) and the backend answers (:class:`~jaxfog.ops._backends.Backend`):
 
 * the clock (:func:`now`): ``time.perf_counter()`` on MPI processes,
@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from jaxfog.ops import _args, _backends
+from jaxfog.ops import _args, _dispatch
 from jaxfog.ops.jit import jit
 
 
@@ -33,14 +33,14 @@ def rank_row(table: Any) -> Any:
 
 def now() -> Any:
     """Seconds on this agent's clock."""
-    return _backends.current().now()
+    return _dispatch.current().now()
 
 
 def settle() -> None:
     """Returns once the one-sided writes every agent made so far have landed
     (a barrier on MPI; nothing on simulated agents, where they land at once
     or after their simulated delay). Collective."""
-    _backends.current().settle()
+    _dispatch.current().settle()
 
 
 class StepFunction:
@@ -59,11 +59,11 @@ class StepFunction:
         return self._jitted
 
     def __call__(self, *args: Any) -> Any:
-        return _backends.current().call_step(self, *args)
+        return _dispatch.current().call_step(self, *args)
 
     def compile(self, *args: Any) -> None:
         """Compiles the step for ``args`` without running it (nothing when simulated)."""
-        _backends.current().compile_step(self, *args)
+        _dispatch.current().compile_step(self, *args)
 
     def reset(self) -> None:
         self._jitted = None
@@ -72,7 +72,7 @@ class StepFunction:
 def run(trainer: Any, state: Any, grad_fn: Callable, iterations: int, until: Any, *,
         warmup: bool, poll: float, callback: Callable | None) -> Any:
     """The agent's loop (see :func:`jaxfog.asynchrony.run`)."""
-    return _backends.current().run(trainer, state, grad_fn, iterations, until, warmup=warmup,
+    return _dispatch.current().run(trainer, state, grad_fn, iterations, until, warmup=warmup,
                                   poll=poll, callback=callback)
 
 
@@ -80,24 +80,24 @@ def value_create(x: Any, name: str, peers: np.ndarray) -> None:
     """A shared model: window ``name`` publishing ``x``; ``peers[i, j]``:
     agent i may average with j. Collective."""
     leaves, treedef = _args.leaves("win_create", x)
-    _backends.current().value_create(leaves, treedef, name, np.asarray(peers, bool))
+    _dispatch.current().value_create(leaves, treedef, name, np.asarray(peers, bool))
 
 
 def value_read(name: str) -> Any:
     """This agent's shared model (its published value; a neighbour may change it)."""
-    return _backends.current().value_read(name)
+    return _dispatch.current().value_read(name)
 
 
 def value_add(name: str, x: Any) -> None:
     """Adds ``x`` onto this agent's shared model, atomically."""
-    _backends.current().value_add(name, x)
+    _dispatch.current().value_add(name, x)
 
 
 def pair_average(name: str, peer: Any) -> None:
     """``v_me = v_peer = (v_me + v_peer) / 2``, atomically (both mutexes held)."""
-    _backends.current().value_pair_average(name, peer)
+    _dispatch.current().value_pair_average(name, peer)
 
 
 def value_compile(name: str) -> None:
     """Compiles the shared model's reads, adds and averages (nothing when simulated)."""
-    _backends.current().value_compile(name)
+    _dispatch.current().value_compile(name)

@@ -5,9 +5,9 @@ Each op in one block: its resolved arguments, its primitive (the custom call
 (jvp; transpose: a sum allreduce is its own adjoint, a broadcast's is a sum
 delivered to the root, an allgather's each rank's block of the summed
 cotangents; vmap: one message for the batch; the NCCL lowering), its call on
-MPI processes, its :class:`~jaxfog.ops._backends.Op`, and its public blocking
-and nonblocking functions. Its rule on simulated agents is the simulation's
-(``jaxfog.simulation._backend.SIMULATED``).
+MPI processes, its rule on simulated agents (``lax`` collectives over the
+agent axis), its :class:`~jaxfog.ops._backends.Op` record holding both rules,
+and its public blocking and nonblocking functions.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import jax.numpy as jnp
 from jax import core
 from jax.interpreters import ad, batching
 
-from jaxfog import runtime
+from jaxfog import _context, runtime
 from jaxfog import _validate as V
 from jaxfog.ffi import _nccl_setup
-from jaxfog.ops import _args, _backends, _nccl, nonblocking
+from jaxfog.ops import _args, _dispatch, _nccl, _numerics, nonblocking
 from jaxfog.ops._backends import Op
 from jaxfog.ops._call import Call
 from jaxfog.ops._primitive_machinery import (ADJOINTS, Adjoint, blocking_transpose, define,
@@ -30,6 +30,7 @@ from jaxfog.ops._primitive_machinery import (ADJOINTS, Adjoint, blocking_transpo
                                              message, move_batch_to_axis1, rank_in, same_avals,
                                              unchanged)
 from jaxfog.ops.nonblocking import Handle
+from jaxfog.simulation import _clock, _mixing
 
 
 # --- allreduce: the sum or the mean over all ranks ----------------------------
@@ -85,7 +86,22 @@ def _allreduce_call(leaves: list, args: Allreduce) -> Call:
                 {"mean": args.mean, "comm_id": runtime.WORLD_COMM_ID})
 
 
-ALLREDUCE = Op("allreduce", mpi=lambda leaves, treedef, args: _allreduce_call(leaves, args))
+def _allreduce_on_agents(sim: _context.Simulation, leaves: list, treedef: Any,
+                         args: Any) -> list:
+    _clock.synchronize()
+    outs = []
+    for x in leaves:
+        if not args.mean and jnp.issubdtype(x.dtype, jnp.integer):
+            outs.append(sim.psum(x))  # exact, as MPI's integer sum
+            continue
+        with _numerics.accumulating(x.dtype) as acc:
+            total = sim.psum(x.astype(acc))
+            outs.append(_numerics.finish(total / sim.size if args.mean else total, x.dtype))
+    return outs
+
+
+ALLREDUCE = Op("allreduce", simulated=_allreduce_on_agents,
+               mpi=lambda leaves, treedef, args: _allreduce_call(leaves, args))
 
 
 def allreduce(x: Any, op: str = "mean", *, name: str | None = None) -> Any:
@@ -107,7 +123,7 @@ def allreduce(x: Any, op: str = "mean", *, name: str | None = None) -> Any:
 
         mean_loss = jaxfog.allreduce(loss)
     """
-    return _backends.apply(ALLREDUCE, x, _allreduce_args(op=op, name=name))
+    return _dispatch.apply(ALLREDUCE, x, _allreduce_args(op=op, name=name))
 
 
 def allreduce_nonblocking(x: Any, op: str = "mean", *, name: str | None = None) -> Handle:
@@ -167,7 +183,17 @@ def _broadcast_call(leaves: list, args: Broadcast) -> Call:
                 {"root": args.root, "comm_id": runtime.WORLD_COMM_ID})
 
 
-BROADCAST = Op("broadcast", mpi=lambda leaves, treedef, args: _broadcast_call(leaves, args))
+def _broadcast_on_agents(sim: _context.Simulation, leaves: list, treedef: Any,
+                         args: Any) -> list:
+    _clock.synchronize()
+    is_root = sim.rank == args.root
+    # psum widens bool and small integers; the root's value keeps its dtype.
+    return [sim.psum(jnp.where(is_root, x, jnp.zeros_like(x)))
+            .astype(x.dtype) for x in leaves]
+
+
+BROADCAST = Op("broadcast", simulated=_broadcast_on_agents,
+               mpi=lambda leaves, treedef, args: _broadcast_call(leaves, args))
 
 
 def broadcast(x: Any, root: int = 0, *, name: str | None = None) -> Any:
@@ -185,7 +211,7 @@ def broadcast(x: Any, root: int = 0, *, name: str | None = None) -> Any:
 
         params = jaxfog.broadcast(params, root=0)  # same initial model everywhere
     """
-    return _backends.apply(BROADCAST, x, _broadcast_args(root=root, name=name))
+    return _dispatch.apply(BROADCAST, x, _broadcast_args(root=root, name=name))
 
 
 def broadcast_nonblocking(x: Any, root: int = 0, *, name: str | None = None) -> Handle:
@@ -256,7 +282,14 @@ def _allgather_call(leaves: list, args: Allgather) -> Call:
                 {"size": runtime.size(), "comm_id": runtime.WORLD_COMM_ID})
 
 
-ALLGATHER = Op("allgather", mpi=lambda leaves, treedef, args: _allgather_call(leaves, args))
+def _allgather_on_agents(sim: _context.Simulation, leaves: list, treedef: Any,
+                         args: Any) -> list:
+    _clock.synchronize()
+    return [_mixing.stack_blocks(sim.all_gather(x)) for x in leaves]
+
+
+ALLGATHER = Op("allgather", simulated=_allgather_on_agents,
+               mpi=lambda leaves, treedef, args: _allgather_call(leaves, args))
 
 
 def allgather(x: Any, *, name: str | None = None) -> Any:
@@ -274,7 +307,7 @@ def allgather(x: Any, *, name: str | None = None) -> Any:
 
         everyone = jaxfog.allgather(jnp.array([float(jaxfog.rank())]))  # [0., 1., ...]
     """
-    return _backends.apply(ALLGATHER, x, _allgather_args(name=name))
+    return _dispatch.apply(ALLGATHER, x, _allgather_args(name=name))
 
 
 def allgather_nonblocking(x: Any, *, name: str | None = None) -> Handle:

@@ -2,20 +2,21 @@
 
 Composed of other ops' primitives: on MPI processes the machine mean
 (``allreduce`` inside each machine), the leaders' ``neighbor_allreduce`` over
-the machine topology, and a ``broadcast`` inside each machine; its rule on
-simulated agents is the simulation's
-(``jaxfog.simulation._backend.SIMULATED``).
+the machine topology, and a ``broadcast`` inside each machine; on simulated
+agents permutations inside and across the declared machines
+(``jaxfog.simulation._mixing.hierarchical_mix``).
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence, cast
 
-from jaxfog import runtime
-from jaxfog.ops import _args, _backends
+from jaxfog import _context, runtime
+from jaxfog.ops import _args, _dispatch
 from jaxfog.ops._backends import Op
 from jaxfog.ops.collective import allreduce_p, broadcast_p
 from jaxfog.ops.neighbor import mixing_call, plan_for
+from jaxfog.simulation import _clock, _mixing
 
 
 class HierarchicalNeighborAllreduce(NamedTuple):
@@ -48,7 +49,26 @@ def _hierarchical_mpi(leaves: list, treedef: Any, args: HierarchicalNeighborAllr
     return broadcast_p.bind(*local, root=0, comm_id=runtime.LOCAL_COMM_ID)
 
 
+def _hierarchical_neighbor_allreduce_on_agents(sim: _context.Simulation, leaves: list, treedef: Any,
+                                               args: Any) -> list:
+    """Machine means (ppermutes inside each machine), then the machine
+    topology applied between machines (ppermutes by whole machines)."""
+    wm = sim.machine_topology.weights
+    if args.local_view is not None:
+        mixing = _mixing.local_view_mixing(sim.machine_topology, args.local_view, args.what,
+                                           sim.machine_rank,
+                                           ("src_machine_weights", "dst_machine_weights"))
+        if mixing.static is None or mixing.self_weight is not None:
+            raise TypeError(f"{args.what}: in jaxfog.simulate the machine weights must "
+                            "be concrete (numbers, dicts, lists or rank-indexed arrays "
+                            "over machines), not traced values")
+        wm = mixing.static
+    _clock.synchronize()
+    return _mixing.hierarchical_mix(leaves, wm, sim)
+
+
 HIERARCHICAL_NEIGHBOR_ALLREDUCE = Op("hierarchical_neighbor_allreduce",
+                                     simulated=_hierarchical_neighbor_allreduce_on_agents,
                                      mpi_run=_hierarchical_mpi)
 
 
@@ -97,7 +117,7 @@ def hierarchical_neighbor_allreduce(
     args = _hierarchical_args(
         self_weight=self_weight, src_machine_weights=src_machine_weights,
         dst_machine_weights=dst_machine_weights, name=name)
-    return _backends.apply(HIERARCHICAL_NEIGHBOR_ALLREDUCE, x, args)
+    return _dispatch.apply(HIERARCHICAL_NEIGHBOR_ALLREDUCE, x, args)
 
 
 __all__ = ["hierarchical_neighbor_allreduce"]

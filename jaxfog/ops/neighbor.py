@@ -4,28 +4,31 @@ Each op in one block: its resolved arguments, its primitive (the custom call
 ``jaxfog_<op>`` of the C++ op table, ``jaxfog/ffi/ops.h``) with its rules
 (jvp, transpose: averaging with ``W^T``; vmap: one message for the batch;
 the NCCL lowering), its call on MPI processes (this rank's row of W as a
-communication plan), its :class:`~jaxfog.ops._backends.Op`, and its public
-blocking and nonblocking functions. Its rule on simulated agents is the
-simulation's (``jaxfog.simulation._backend.SIMULATED``).
+communication plan), its rule on simulated agents (``lax`` collectives over
+the agent axis, with ``jaxfog.simulation._mixing``), its
+:class:`~jaxfog.ops._backends.Op` record holding both rules, and its public
+blocking and nonblocking functions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple, Sequence, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import core
+from jax import core, lax
 from jax.interpreters import ad, batching
 
-from jaxfog import runtime
+from jaxfog import _context, runtime
 from jaxfog import topology as T
-from jaxfog.ops import _args, _backends, _nccl, _plan, nonblocking
+from jaxfog.ops import _args, _dispatch, _nccl, _numerics, _plan, nonblocking
 from jaxfog.ops._backends import Op
 from jaxfog.ops._call import Call
 from jaxfog.ops.nonblocking import Handle
+from jaxfog.simulation import _clock, _mixing
 from jaxfog.ops._primitive_machinery import (ADJOINTS, Adjoint, define, linear_jvp,
                                              linear_transpose, message, move_batch_to_axis1,
                                              same_avals, unchanged)
@@ -203,8 +206,26 @@ def _neighbor_allreduce_call(leaves: list, args: NeighborAllreduce) -> Call:
     return mixing_call(leaves, plan, args.step, runtime.WORLD_COMM_ID)
 
 
-NEIGHBOR_ALLREDUCE = Op("neighbor_allreduce", mpi=lambda leaves, treedef, args:
-                        _neighbor_allreduce_call(leaves, args))
+def _neighbor_allreduce_on_agents(sim: _context.Simulation, leaves: list, treedef: Any,
+                                  args: Any) -> list:
+    graph = args.graph
+    if isinstance(graph, T.Schedule):
+        if isinstance(args.step, int):
+            _clock.synchronize(graph.at(args.step).weights != 0)
+            return _mixing.mix(leaves, graph.at(args.step).weights, sim)
+        _clock.synchronize(np.any([t.weights != 0 for t in graph], axis=0))
+        branches = [functools.partial(_mixing.mix, w=t.weights, sim=sim) for t in graph]
+        return lax.switch(args.step.astype(jnp.int32) % graph.period, branches, leaves)
+    # Every agent's plan is a row of one W, so senders and receivers always
+    # match: check_topology has nothing to check here.
+    if args.local_view is None:
+        return _mixing.apply_mixing(leaves, _mixing.Mixing(graph.weights, None, None), sim)
+    mixing = _mixing.local_view_mixing(graph, args.local_view, args.what, sim.rank)
+    return _mixing.apply_mixing(leaves, mixing, sim)
+
+
+NEIGHBOR_ALLREDUCE = Op("neighbor_allreduce", simulated=_neighbor_allreduce_on_agents,
+                        mpi=lambda leaves, treedef, args: _neighbor_allreduce_call(leaves, args))
 
 
 def neighbor_allreduce(x: Any, *, self_weight: float | None = None,
@@ -284,7 +305,7 @@ def neighbor_allreduce(x: Any, *, self_weight: float | None = None,
     args = _neighbor_allreduce_args(self_weight=self_weight, src_weights=src_weights,
                                     dst_weights=dst_weights, topology=topology, step=step,
                                     check_topology=check_topology, name=name)
-    return _backends.apply(NEIGHBOR_ALLREDUCE, x, args)
+    return _dispatch.apply(NEIGHBOR_ALLREDUCE, x, args)
 
 
 def neighbor_allreduce_nonblocking(x: Any, *, self_weight: float | None = None,
@@ -351,7 +372,27 @@ def _pair_gossip_call(leaves: list, args: PairGossip) -> Call:
         check_topology=False, name=args.what))
 
 
-PAIR_GOSSIP = Op("pair_gossip", mpi=lambda leaves, treedef, args: _pair_gossip_call(leaves, args))
+def _pair_gossip_on_agents(sim: _context.Simulation, leaves: list, treedef: Any,
+                           args: Any) -> list:
+    """Every agent reads its peer's value (a gather: the peers may be
+    traced); a pair that does not name each other gets NaN."""
+    _clock.synchronize()
+    peer = jnp.asarray(args.peer, jnp.int32)
+    peers = sim.all_gather(peer)
+    paired = (peer >= 0) & (peer < sim.size) & (peers[jnp.clip(peer, 0, sim.size - 1)]
+                                                == sim.rank)
+    outs = []
+    for x in leaves:
+        with _numerics.accumulating(x.dtype) as acc:
+            theirs = sim.all_gather(x)[jnp.clip(peer, 0, sim.size - 1)]
+            mean = _numerics.finish((x.astype(acc) + theirs.astype(acc)) / 2, x.dtype)
+        bad = jnp.asarray(jnp.nan if jnp.issubdtype(x.dtype, jnp.inexact) else 0, x.dtype)
+        outs.append(jnp.where(paired, mean, bad))
+    return outs
+
+
+PAIR_GOSSIP = Op("pair_gossip", simulated=_pair_gossip_on_agents,
+                 mpi=lambda leaves, treedef, args: _pair_gossip_call(leaves, args))
 
 
 def pair_gossip(x: Any, peer: Any, *, name: str | None = None) -> Any:
@@ -376,7 +417,7 @@ def pair_gossip(x: Any, peer: Any, *, name: str | None = None) -> Any:
       The pair's mean, with ``x``'s structure.
     """
     args = _pair_gossip_args(peer, name=name)
-    return _backends.apply(PAIR_GOSSIP, x, args)
+    return _dispatch.apply(PAIR_GOSSIP, x, args)
 
 
 def pair_gossip_nonblocking(x: Any, peer: Any, *, name: str | None = None) -> Handle:
@@ -588,8 +629,19 @@ def _neighbor_allgather_call(leaves: list, args: NeighborAllgather) -> Call:
     return call._replace(post=_InOrder(rank, tuple(order), recv), kept=list(leaves))
 
 
-NEIGHBOR_ALLGATHER = Op("neighbor_allgather", mpi=lambda leaves, treedef, args:
-                        _neighbor_allgather_call(leaves, args))
+def _neighbor_allgather_on_agents(sim: _context.Simulation, leaves: list, treedef: Any,
+                                  args: Any) -> list:
+    table = _mixing.source_table(sim, args.src_ranks)
+    receives = np.zeros((sim.size,) * 2, bool)
+    receives[np.arange(sim.size)[:, None], table] = True
+    _clock.synchronize(receives)
+    mine = jnp.asarray(table)[sim.rank]
+    return [_mixing.stack_blocks(jnp.take(sim.all_gather(x), mine, axis=0))
+            for x in leaves]
+
+
+NEIGHBOR_ALLGATHER = Op("neighbor_allgather", simulated=_neighbor_allgather_on_agents,
+                        mpi=lambda leaves, treedef, args: _neighbor_allgather_call(leaves, args))
 
 
 def neighbor_allgather(
@@ -624,7 +676,7 @@ def neighbor_allgather(
         # on rank i: the ranks of its in-neighbours, as floats
     """
     args = _neighbor_allgather_args(src_ranks=src_ranks, dst_ranks=dst_ranks, name=name)
-    return _backends.apply(NEIGHBOR_ALLGATHER, x, args)
+    return _dispatch.apply(NEIGHBOR_ALLGATHER, x, args)
 
 
 def neighbor_allgather_nonblocking(

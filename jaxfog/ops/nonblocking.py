@@ -34,7 +34,8 @@ from typing import Any, Sequence
 import jax
 
 from jaxfog.errors import HandleError
-from jaxfog.ops import _args, _backends
+from jaxfog.ops import _args, _dispatch
+from jaxfog.ops._backends import Op
 
 
 @jax.tree_util.register_pytree_node_class
@@ -70,18 +71,18 @@ class Handle:
         return f"Handle({self.op})"
 
 
-def start(op: _backends.Op, x: Any, args: Any) -> Handle:
+def start(op: Op, x: Any, args: Any) -> Handle:
     """Starts ``op`` with its resolved ``args`` on the pytree ``x``: each
     ``*_nonblocking`` form of a message op (in its op's module) is this."""
     leaves, treedef = _args.leaves(op.name, x)
     return start_leaves(op, leaves, treedef, args, op.name, treedef)
 
 
-def start_leaves(op: _backends.Op, leaves: list, treedef: Any, args: Any, label: str,
+def start_leaves(op: Op, leaves: list, treedef: Any, args: Any, label: str,
                  result: Any) -> Handle:
     """Starts ``op`` on the backend (the one call of its ``start``): a handle
     named ``label`` whose wait gives a result of structure ``result``."""
-    arrays, backend_handle = _backends.current().start(op, leaves, treedef, args)
+    arrays, backend_handle = _dispatch.current().start(op, leaves, treedef, args)
     return Handle(arrays, (label, backend_handle, result))
 
 
@@ -99,7 +100,7 @@ def wait(handle: Handle) -> Any:
                           "(wait for each handle once)")
     handle.waited = True
     op, backend_handle, treedef = handle.aux
-    leaves = _backends.current().wait(list(handle.arrays), backend_handle)
+    leaves = _dispatch.current().wait(list(handle.arrays), backend_handle)
     return jax.tree.unflatten(treedef, leaves)
 
 
@@ -113,7 +114,7 @@ def poll(handle: Handle) -> bool:
     if handle.waited:
         raise HandleError(f"jaxfog.poll: this {handle.op} handle was already waited for")
     op, backend_handle, treedef = handle.aux
-    return _backends.current().poll(list(handle.arrays), backend_handle)
+    return _dispatch.current().poll(list(handle.arrays), backend_handle)
 
 
 def wait_all(tree: Any) -> Any:

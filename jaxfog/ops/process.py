@@ -6,17 +6,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxfog import runtime
-from jaxfog.ops import _backends
-from jaxfog.ops._backends import mpi
+from jaxfog import ffi, runtime
+from jaxfog.ops import _dispatch
+from jaxfog.ops import _backend_primitives as P
+from jaxfog.ops._backends import Op
 from jaxfog.ops._primitive_machinery import target
+from jaxfog.simulation import _clock
 
 # Queries without communication: plain (effect-free) FFI calls.
 _RANK, _SIZE = target("rank"), target("size")
 
 
 def _query(name: str) -> jax.Array:
-    mpi.backend()  # a clear error before any tracing if init() was not called
+    runtime._require()  # a clear error before any tracing if init() was not called
+    ffi.register_handlers()
     return jax.ffi.ffi_call(name, jax.ShapeDtypeStruct((), jnp.int32))(
         comm_id=np.int64(runtime.WORLD_COMM_ID))
 
@@ -31,6 +34,12 @@ def comm_size() -> jax.Array:
     return _query(_SIZE)
 
 
+# Simulated agents run in lockstep: only their clocks wait.
+BARRIER = Op("barrier", simulated=lambda sim, leaves, treedef, args: _clock.synchronize(),
+             mpi_run=lambda leaves, treedef, args: P.barrier_p.bind(
+                 comm_id=runtime.WORLD_COMM_ID))
+
+
 def barrier() -> None:
     """Blocks until every rank has reached the barrier.
 
@@ -40,7 +49,7 @@ def barrier() -> None:
     seconds. Inside :func:`jaxfog.simulate` it does nothing (the agents run in
     lockstep).
     """
-    _backends.current().barrier()
+    _dispatch.run(BARRIER, None)
 
 
 __all__ = ["barrier", "comm_rank", "comm_size"]

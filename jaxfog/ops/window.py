@@ -60,11 +60,38 @@ from typing import Any, ContextManager, Mapping, Sequence
 import jax
 import numpy as np
 
-from jaxfog.ops import _args, _backends, nonblocking
-from jaxfog.ops._backends import Op, mpi_windows
+from jaxfog.ops import _args, _dispatch, _windows_mpi, nonblocking
+from jaxfog.ops._backends import Op
 from jaxfog.ops.nonblocking import Handle
+from jaxfog.simulation import _windows as _windows_simulated
 
 Weights = Mapping[int, float] | Sequence[int] | Any  # a dict, a list of ranks or n weights
+
+
+# Each window op is one record: its rule on MPI processes (``_windows_mpi``: the
+# C API for what is collective or eager, a Call of its primitive for what moves
+# data) and on simulated agents (``jaxfog.simulation._windows``: the windows as
+# JAX references). Those without data take ``(name, ...)`` as their arguments.
+WIN_CREATE = Op("win_create", simulated=_windows_simulated.win_create,
+                mpi_run=_windows_mpi.win_create)
+WIN_FREE = Op("win_free", simulated=lambda sim, leaves, treedef, name: (
+    _windows_simulated.win_free(name)), mpi_run=lambda leaves, treedef, name: (
+        _windows_mpi.win_free(name)))
+WIN_PUT = Op("win_put", simulated=_windows_simulated.win_put, mpi=_windows_mpi.win_put_call)
+WIN_GET = Op("win_get", simulated=lambda sim, leaves, treedef, args: (
+    _windows_simulated.win_get(sim, args)), mpi=lambda leaves, treedef, args: (
+        _windows_mpi.win_get_call(args)))
+WIN_UPDATE = Op("win_update", simulated=_windows_simulated.win_update,
+                mpi_run=_windows_mpi.win_update)
+WIN_MUTEX = Op("win_mutex", simulated=lambda sim, leaves, treedef, args: (
+    _windows_simulated.win_mutex(*args)), mpi_run=lambda leaves, treedef, args: (
+        _windows_mpi.win_mutex(*args)))
+WIN_VERSION = Op("win_version", simulated=lambda sim, leaves, treedef, name: (
+    _windows_simulated.win_version(name)), mpi_run=lambda leaves, treedef, name: (
+        _windows_mpi.win_version(name)))
+WIN_WEIGHT = Op("win_weight", simulated=lambda sim, leaves, treedef, name: (
+    _windows_simulated.win_weight(name)), mpi_run=lambda leaves, treedef, name: (
+        _windows_mpi.win_weight(name)))
 
 
 def win_create(x: Any, name: str, *, zero_init: bool = False, with_weight: bool = False,
@@ -93,7 +120,7 @@ def win_create(x: Any, name: str, *, zero_init: bool = False, with_weight: bool 
     args = _args.win_create(name=name, zero_init=zero_init, with_weight=with_weight,
                             src_ranks=src_ranks)
     leaves, treedef = _args.leaves("win_create", x)
-    return _backends.current().win_create(leaves, treedef, args)
+    return _dispatch.run(WIN_CREATE, args, leaves, treedef)
 
 
 def win_free(name: str | None = None) -> bool:
@@ -101,7 +128,7 @@ def win_free(name: str | None = None) -> bool:
     dispatched have finished; collective."""
     if name is not None:
         name = _args._window_name(name, "win_free")
-    return _backends.current().win_free(name)
+    return _dispatch.run(WIN_FREE, name)
 
 
 def _put(x: Any, name: str, self_weight: Any, dst_weights: Any, require_mutex: bool,
@@ -109,7 +136,7 @@ def _put(x: Any, name: str, self_weight: Any, dst_weights: Any, require_mutex: b
     args = _args.win_put(name=name, self_weight=self_weight, dst_weights=dst_weights,
                          require_mutex=require_mutex, accumulate=accumulate)
     leaves, treedef = _args.leaves(args.what, x)
-    return jax.tree.unflatten(treedef, _backends.current().win_put(leaves, treedef, args))
+    return jax.tree.unflatten(treedef, _dispatch.run(WIN_PUT, args, leaves, treedef))
 
 
 def win_put(x: Any, name: str, *, self_weight: float | None = None,
@@ -164,7 +191,7 @@ def win_get(name: str, *, src_weights: Weights | None = None,
       True (the slots change; read them with :func:`win_update`).
     """
     args = _args.win_get(name=name, src_weights=src_weights, require_mutex=require_mutex)
-    return _backends.current().win_get(args)
+    return _dispatch.run(WIN_GET, args)[0]
 
 
 def win_update(x: Any, name: str, *, self_weight: float | None = None,
@@ -190,7 +217,7 @@ def win_update(x: Any, name: str, *, self_weight: float | None = None,
     args = _args.win_update(name=name, self_weight=self_weight, src_weights=src_weights,
                             reset=reset, require_mutex=require_mutex)
     leaves, treedef = _args.leaves(args.what, x)
-    return jax.tree.unflatten(treedef, _backends.current().win_update(leaves, treedef, args))
+    return jax.tree.unflatten(treedef, _dispatch.run(WIN_UPDATE, args, leaves, treedef))
 
 
 def win_update_then_collect(x: Any, name: str, *, require_mutex: bool = True) -> Any:
@@ -203,7 +230,7 @@ def win_update_then_collect(x: Any, name: str, *, require_mutex: bool = True) ->
     args = _args.win_update(name=name, self_weight=1.0, src_weights=None, reset=True,
                             require_mutex=require_mutex, collect=True)
     leaves, treedef = _args.leaves(args.what, x)
-    return jax.tree.unflatten(treedef, _backends.current().win_update(leaves, treedef, args))
+    return jax.tree.unflatten(treedef, _dispatch.run(WIN_UPDATE, args, leaves, treedef))
 
 
 def win_mutex(name: str, ranks: Sequence[int] | None = None) -> ContextManager[None]:
@@ -216,8 +243,8 @@ def win_mutex(name: str, ranks: Sequence[int] | None = None) -> ContextManager[N
     deadlock between ranks contending for overlapping sets) and give up with
     an error after ``JAXFOG_TIMEOUT``.
     """
-    return _backends.current().win_mutex(_args._window_name(name, "win_mutex"),
-                                        _args.win_mutex_ranks(ranks))
+    return _dispatch.run(WIN_MUTEX, (_args._window_name(name, "win_mutex"),
+                                     _args.win_mutex_ranks(ranks)))
 
 
 def win_version(name: str) -> dict[int, int]:
@@ -226,7 +253,7 @@ def win_version(name: str) -> dict[int, int]:
     Eager on MPI (it waits for the dispatched ops); in the simulation a
     traced count per rank (0 where this agent holds no slot).
     """
-    return _backends.current().win_version(_args._window_name(name, "win_version"))
+    return _dispatch.run(WIN_VERSION, _args._window_name(name, "win_version"))
 
 
 def win_weight(name: str) -> Any:
@@ -235,16 +262,10 @@ def win_weight(name: str) -> Any:
     Eager on MPI (a float, after the dispatched ops); traced in the
     simulation.
     """
-    return _backends.current().win_weight(_args._window_name(name, "win_weight"))
+    return _dispatch.run(WIN_WEIGHT, _args._window_name(name, "win_weight"))
 
 
 # --- the nonblocking forms: a write or a read started, waited for later ---------
-
-#: The window ops that start; their rules on simulated agents are the
-#: simulation's (``jaxfog.simulation._backend.SIMULATED``).
-WIN_PUT = Op("win_put", mpi=mpi_windows.win_put_call)
-WIN_GET = Op("win_get", mpi=lambda leaves, treedef, args: mpi_windows.win_get_call(args))
-
 
 def _start_put(x: Any, name: str, self_weight: Any, dst_weights: Any, require_mutex: bool,
                accumulate: bool) -> Handle:

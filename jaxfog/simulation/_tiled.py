@@ -15,7 +15,7 @@ so X is read from memory about once. Each row's sources are a padded table
 built from the static W: slot 0 the agent itself, then its in-neighbours by
 rank offset ``(i - j) mod n`` ascending, the order the gather path sums in;
 the weights are W's entries in the accumulation type. Numerics are those of
-``jaxfog.ops._backends._numerics``: integers averaged in float64 and rounded
+``jaxfog.ops._numerics``: integers averaged in float64 and rounded
 half to even (in the kernel, from ``floor``: Triton has no round), 16-bit
 floats in float32.
 
@@ -69,7 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxfog.ops._backends import _numerics
+from jaxfog.ops import _numerics
 
 ENV = "JAXFOG_SIM_MIXING"
 MODES = ("auto", "gather", "tiled")

@@ -45,7 +45,7 @@ from jaxfog import _context
 from jaxfog import topology as T
 from jaxfog.errors import BackendError
 from jaxfog.ops import _args, _primitive_machinery
-from jaxfog.ops._backends import _numerics, _window_spec
+from jaxfog.ops import _numerics, _window_spec
 from jaxfog.simulation import _clock
 
 
@@ -377,7 +377,8 @@ def win_put(sim: _context.Simulation, leaves: list, treedef: Any,
     return [_numerics.scaled(leaf, self_weight) for leaf in leaves]
 
 
-def win_get(sim: _context.Simulation, args: _args.WinGet) -> bool:
+def win_get(sim: _context.Simulation, args: _args.WinGet) -> list:
+    """The slots read (``[True]``, as the op's result)."""
     window = _lookup(args.name, args.what)
     spec = window.spec
     n, i = sim.size, sim.rank
@@ -401,7 +402,7 @@ def win_get(sim: _context.Simulation, args: _args.WinGet) -> bool:
         versions = versions.at[j].add(ok.astype(versions.dtype))
     _set(window, {**state, "slots": slots, "versions": versions,
                   "slot_p": slot_p.astype(state["slot_p"].dtype)})
-    return True
+    return [True]
 
 
 def win_update(sim: _context.Simulation, leaves: list, treedef: Any,

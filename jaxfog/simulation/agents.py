@@ -4,8 +4,8 @@
 leading agent axis of size n. It vmaps ``fn`` over that axis with a name;
 while ``fn`` is traced, ``jaxfog.rank()`` is the (traced) agent index,
 ``jaxfog.size()`` is n, and every jaxfog op runs on the simulation backend
-(``jaxfog.simulation._backend``): ``lax`` collectives over the named
-axis, no FFI, no MPI. :class:`Agents` picks MPI processes or simulated agents
+(``jaxfog.simulation._backend``): its rule on agents, ``lax`` collectives
+over the named axis, no FFI, no MPI. :class:`Agents` picks MPI processes or simulated agents
 for a whole script.
 """
 

@@ -29,15 +29,14 @@ LAYERS = [
      ["jaxfog.ffi._loader", "jaxfog.ffi", "jaxfog.ffi._nccl_setup"]),
     ("who the agents are: the MPI runtime, or the simulation being traced",
      ["jaxfog._context", "jaxfog.runtime", "jaxfog.traffic"]),
-    ("what the ops share: arguments, plans, the primitives' machinery, the MPI call",
-     ["jaxfog.ops._jax_compat", "jaxfog.ops._plan", "jaxfog.ops._args",
-      "jaxfog.ops._primitive_machinery", "jaxfog.ops.jit", "jaxfog.ops._nccl",
-      "jaxfog.ops._backend_primitives", "jaxfog.ops._call"]),
-    ("backends: running an op (MPI, and the simulation's rules)",
-     ["jaxfog.ops._backends._numerics", "jaxfog.ops._backends._window_spec",
-      "jaxfog.ops._backends.mpi_windows", "jaxfog.ops._backends.mpi", "jaxfog.ops._backends",
-      "jaxfog.simulation._clock", "jaxfog.simulation._windows", "jaxfog.simulation._tiled",
-      "jaxfog.simulation._backend"]),
+    ("what the ops share: arguments, plans, numerics, the primitives' machinery, the MPI call",
+     ["jaxfog.ops._jax_compat", "jaxfog.ops._plan", "jaxfog.ops._args", "jaxfog.ops._numerics",
+      "jaxfog.ops._window_spec", "jaxfog.ops._primitive_machinery", "jaxfog.ops.jit",
+      "jaxfog.ops._nccl", "jaxfog.ops._backend_primitives", "jaxfog.ops._call"]),
+    ("the rules ops share on each backend; the backend protocol, the backends, the choice",
+     ["jaxfog.ops._windows_mpi", "jaxfog.simulation._clock", "jaxfog.simulation._tiled",
+      "jaxfog.simulation._mixing", "jaxfog.simulation._windows", "jaxfog.ops._backends",
+      "jaxfog.ops._backends.mpi", "jaxfog.simulation._backend", "jaxfog.ops._dispatch"]),
     ("the ops, each in one block: arguments, primitive, rules, MPI call, public functions",
      ["jaxfog.ops.neighbor", "jaxfog.ops.collective", "jaxfog.ops.hierarchical",
       "jaxfog.ops.process", "jaxfog.ops.window", "jaxfog.ops.nonblocking",
@@ -177,6 +176,7 @@ def test_public_names_resolve_and_backends_implement_every_op():
     import jaxfog
     import jaxfog.ops
     from jaxfog.ops import _backends as backends
+    from jaxfog.ops._backends import mpi
     from jaxfog.simulation._backend import SimulatedBackend
 
     for name in jaxfog.__all__:
@@ -186,29 +186,112 @@ def test_public_names_resolve_and_backends_implement_every_op():
     assert set(jaxfog.ops.OPS) - set(jaxfog.__all__) == {"comm_rank", "comm_size"}
     ops = {name for name in dir(backends.Backend) if not name.startswith("_")}
     assert {"apply", "start", "wait", "poll"} <= ops
-    for backend in (backends.mpi.MpiBackend, SimulatedBackend):
+    for backend in (mpi.MpiBackend, SimulatedBackend):
         missing = {op for op in ops if not callable(getattr(backend, op, None))}
         assert not missing, f"{backend.__name__} lacks {sorted(missing)}"
-        # One class per concern (Ops, Windows, TrainingLoop, SharedValues),
-        # each implementing its protocol, and the backend their union.
+        # One class per concern (Ops, TrainingLoop, SharedValues), each
+        # implementing its protocol, and the backend their union.
         assert len(backend.__bases__) == len(backends.CONCERNS), backend.__bases__
         for concern, part in zip(backends.CONCERNS, backend.__bases__):
             names = {n for n in vars(concern) if not n.startswith("_")}
             missing = {n for n in names if not callable(getattr(part, n, None))}
             assert not missing, f"{part.__name__} ({concern.__name__}) lacks {sorted(missing)}"
-    # Every op (each module's Op records) has its rule on simulated agents,
-    # and exactly the ops that start have an MPI call to start.
-    import importlib
-
-    from jaxfog.simulation import _backend as simulated
-    records = [value for family in set(jaxfog.ops.OPS.values())
-               for value in vars(importlib.import_module(f"jaxfog.ops.{family}")).values()
-               if isinstance(value, backends.Op)]
-    assert {op.name for op in records} == set(simulated.SIMULATED)
+    # Every op is one record, with its rule on simulated agents and one on MPI
+    # processes (a call, or a run of its own); exactly the ops that start have
+    # an MPI call to start.
+    records = _op_records()
+    assert len({op.name for op in records}) == len(records)
+    for op in records:
+        assert callable(op.simulated), op.name
+        assert (op.mpi is None) != (op.mpi_run is None), op.name
     nonblocking = {op.removesuffix("_nonblocking") for op in jaxfog.ops.OPS
                    if op.endswith("_nonblocking")}
     assert {op.name for op in records if op.mpi is not None} == nonblocking - {"win_accumulate"}
 
+
+def _op_records() -> list:
+    import jaxfog.ops
+    from jaxfog.ops._backends import Op
+
+    return [value for family in sorted(set(jaxfog.ops.OPS.values()))
+            for value in vars(importlib.import_module(f"jaxfog.ops.{family}")).values()
+            if isinstance(value, Op)]
+
+
+# new-op-begin
+#: The files a new message op on an existing transport call touches (see "How
+#: to add an op"): a pattern stands for the one file of the op's family or
+#: concern. Every message op is named in each; no other code in the package
+#: names them all.
+NEW_OP_FILES = [
+    "jaxfog/ffi/ops.h",  # its row of the op table
+    "jaxfog/ffi/*_handlers.cc",  # its handler
+    "jaxfog/ops/*.py",  # its block: arguments, primitive and rules, both backends' rules, record
+    "jaxfog/ops/__init__.py",  # its public names
+    "jaxfog/__init__.py",  # the same, for type checkers
+    "tests/cases.py",  # a case, against numpy, on both backends
+    "tests/ops/test_op_table.py",  # its code
+    "tests/ops/test_ops_errors_mpi.py",  # its errors
+    "docs/api.rst",  # its functions
+    "docs/architecture.rst",  # its row in "Where each op lives"
+]
+# new-op-end
+
+
+def _message_ops() -> list[str]:
+    """The public ops with a handler of their own in the C++ op table."""
+    import jaxfog.ops
+
+    table = (PACKAGE / "ffi" / "ops.h").read_text()
+    rows = re.findall(r"^\s*X\((\w+),", table, re.MULTILINE)
+    return [op for op in rows if f"{op}_nonblocking" in jaxfog.ops.OPS
+            and not op.startswith("win_")]
+
+
+def _code(path: Path) -> str:
+    """The code of a Python or C++ file, without its comments and docstrings."""
+    text = path.read_text()
+    if path.suffix != ".py":
+        return re.sub(r"//[^\n]*|/\*.*?\*/", "", text, flags=re.DOTALL)
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(
+                body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            body[0].value.value = ""
+    return ast.unparse(tree)
+
+
+def test_a_new_op_touches_the_files_the_page_says():
+    ops = _message_ops()
+    assert {"neighbor_allreduce", "allreduce", "broadcast"} <= set(ops), ops
+    for pattern in NEW_OP_FILES:
+        for op in ops:
+            naming = [path for path in sorted(REPO.glob(pattern))
+                      if re.search(rf"\b{op}\b", path.read_text())]
+            assert naming, f"{op} is in no file {pattern}"
+    listed = {path for pattern in NEW_OP_FILES for path in REPO.glob(pattern)
+              if "*" not in pattern}
+    naming_all = [path for path in sorted(PACKAGE.rglob("*"))
+                  if path.suffix in (".py", ".h", ".cc")
+                  and all(re.search(rf"\b{op}\b", _code(path)) for op in ops)]
+    unlisted = [str(path.relative_to(REPO)) for path in naming_all if path not in listed]
+    assert not unlisted, f"code naming every op, not in NEW_OP_FILES: {unlisted}"
+    page = (REPO / "docs" / "architecture.rst").read_text()
+    assert f"touches {len(NEW_OP_FILES)} files" in page
+
+def test_op_modules_import_no_backend_and_the_protocol_imports_none():
+    """An op's rules travel in its record: the backends call them, and no op
+    module reaches for a backend; the protocol knows no implementation."""
+    backends = {"jaxfog.ops._backends.mpi", "jaxfog.simulation._backend"}
+    import jaxfog.ops
+    for family in sorted(set(jaxfog.ops.OPS.values())):
+        module = f"jaxfog.ops.{family}"
+        tree = ast.parse(_modules()[module].read_text())
+        reached = {name for name, _ in _jaxfog_imports(tree, module)} & backends
+        assert not reached, f"{module} imports {sorted(reached)}"
+    protocol = "jaxfog.ops._backends"
+    assert _jaxfog_imports(ast.parse(_modules()[protocol].read_text()), protocol) == []
 
 def _documented_objects() -> list:
     """What docs/api.rst documents: the members of each ``automodule`` (those
@@ -341,15 +424,18 @@ def test_every_exception_class_is_in_errors_and_nothing_raises_a_bare_runtime_er
 
 
 def test_type_checkers_see_every_lazy_name():
-    """jaxfog and jaxfog.ops hand their ops out lazily (``__getattr__``); their
+    """jaxfog, jaxfog.ops and jaxfog.simulation hand their names out lazily (``__getattr__``); their
     ``if TYPE_CHECKING:`` imports give type checkers the same names, from the
     modules that define them."""
     import jaxfog
     import jaxfog.ops
+    import jaxfog.simulation
 
-    for package, lazy in ((jaxfog, jaxfog._LAZY), (jaxfog.ops, {name: f"jaxfog.ops.{module}"
-                                                                 for name, module in
-                                                                 jaxfog.ops.OPS.items()})):
+    for package, lazy in ((jaxfog, jaxfog._LAZY),
+                          (jaxfog.ops, {name: f"jaxfog.ops.{module}"
+                                        for name, module in jaxfog.ops.OPS.items()}),
+                          (jaxfog.simulation, dict.fromkeys(jaxfog.simulation._NAMES,
+                                                            "jaxfog.simulation.agents"))):
         tree = ast.parse(Path(package.__file__).read_text())
         [block] = [node for node in tree.body if isinstance(node, ast.If)
                    and ast.unparse(node.test) == "TYPE_CHECKING"]

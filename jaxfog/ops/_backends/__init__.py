@@ -1,66 +1,63 @@
-"""Where an op runs: the one place a backend is chosen.
+"""The backend protocol: what running an op takes, and what else differs
+between backends.
 
-While ``jaxfog.simulate`` traces the per-agent function, ops run on the
-simulated agents (the backend the simulation brings:
-``jaxfog.simulation._backend``, ``lax`` collectives over the agent axis);
-otherwise on this job's MPI processes (:mod:`.mpi`, the FFI primitives).
-
-What a backend implements comes in four concerns, one protocol each:
-:class:`Ops` (``apply``: an :class:`Op` on its flat leaves with its resolved
-arguments, returning the result leaves; the nonblocking start, wait and
-poll), :class:`Windows` (the one-sided
-windows), :class:`TrainingLoop` (what an agent's training loop needs: its
-clock, compiled steps, the loop; ``jaxfog.ops._training_loop``) and
-:class:`SharedValues` (AD-PSGD's shared models). :class:`Backend` is all
-four; each backend implements each concern in a class of its own and is
-their union. A new backend implements them; no module above ``jaxfog.ops``
-asks which backend it runs on.
+An op is one :class:`Op` record, defined in its module beside its arguments,
+primitive and public functions: it carries its rule on MPI processes and its
+rule on simulated agents. A backend runs records (:class:`Ops`: ``apply``,
+and the nonblocking ``start``, ``wait`` and ``poll``) and implements what is
+truly its own: an agent's training loop (:class:`TrainingLoop`,
+``jaxfog.ops._training_loop``) and AD-PSGD's shared models
+(:class:`SharedValues`). :class:`Backend` is the three; each backend
+implements each concern in a class of its own and is their union: the MPI
+backend (``mpi.py``) and the simulation's (``jaxfog.simulation._backend``).
+This module imports neither; ``jaxfog.ops._dispatch`` chooses between them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 import jax
 
-from jaxfog import _context
-from jaxfog.ops import _args
-from jaxfog.ops._backends import mpi
 
 Leaves = list[jax.Array]
 
 
 class Op(NamedTuple):
-    """An op as the backends run it, defined in its module beside its
-    primitive, arguments and public functions (``jaxfog.ops.neighbor``...).
+    """An op, defined in its module (``jaxfog.ops.neighbor``...) beside its
+    arguments, primitive and public functions, with its rule on each backend.
 
-    ``name`` keys the simulation's rule for it
-    (``jaxfog.simulation._backend.SIMULATED``: the op as ``lax`` collectives
-    over the agents); the MPI rules are here. ``mpi(leaves, treedef, args)``
-    builds the :class:`jaxfog.ops._call.Call` of the FFI primitive on MPI
-    processes: the blocking op runs it, a nonblocking start starts it. An op
-    MPI runs as several primitives gives ``mpi_run(leaves, treedef, args)``
-    (its result leaves) instead, and has no nonblocking form.
+    On MPI processes, ``mpi(leaves, treedef, args)`` builds the
+    :class:`jaxfog.ops._call.Call` of its FFI primitive: the blocking op runs
+    it, a nonblocking start starts it. An op MPI runs otherwise (several
+    primitives, or the C API of the windows) gives ``mpi_run(leaves, treedef,
+    args)``, its result, instead, and has no nonblocking form. On simulated
+    agents, ``simulated(sim, leaves, treedef, args)`` is its result computed
+    with ``lax`` collectives over the agent axis (``sim``: the
+    ``jaxfog._context.Simulation`` being traced); a nonblocking start computes
+    it at once and holds it until the wait.
+
+    ``args`` are the op's resolved arguments (a NamedTuple of its module);
+    the message ops' result is their result leaves.
     """
 
     name: str
+    simulated: Callable[..., Any]
     mpi: Callable[[Leaves, Any, Any], Any] | None = None
-    mpi_run: Callable[[Leaves, Any, Any], Leaves] | None = None
+    mpi_run: Callable[[Leaves, Any, Any], Any] | None = None
 
 
 class Ops(Protocol):
-    """The message ops and their nonblocking forms."""
+    """Running an op's record: at once, or started and waited for."""
 
-    def apply(self, op: Op, leaves: Leaves, treedef: Any, args: Any) -> Leaves:
-        """``op`` on ``leaves`` (the flat input, of structure ``treedef``)
-        with its resolved ``args``: the result leaves."""
-
-    def barrier(self) -> None: ...
+    def apply(self, op: Op, leaves: Leaves, treedef: Any, args: Any) -> Any:
+        """``op`` on ``leaves`` (the flat input, of structure ``treedef``;
+        ``[]`` and None for an op without data) with its resolved ``args``:
+        its result (a message op's: the result leaves)."""
 
     # Nonblocking ops (jaxfog.ops.nonblocking): ``start`` runs ``op`` as
-    # ``apply`` would on the same inputs (``win_get`` has no leaves: ``[]`` and
-    # None), returning the arrays a handle holds and a hashable description;
-    # ``wait`` turns them into the op's result leaves.
+    # ``apply`` would on the same inputs, returning the arrays a handle holds
+    # and a hashable description; ``wait`` turns them into the op's result.
     def start(self, op: Op, leaves: Leaves, treedef: Any, args: Any
               ) -> tuple[Leaves, Any]: ...
 
@@ -68,27 +65,6 @@ class Ops(Protocol):
 
     def poll(self, arrays: Leaves, handle: Any) -> bool:
         """Whether ``wait`` would return at once (concrete arrays)."""
-
-
-class Windows(Protocol):
-    """One-sided windows (jaxfog.ops.window): the public functions resolve
-    their arguments (jaxfog.ops._args.Win*) and call these."""
-
-    def win_create(self, leaves: Leaves, treedef: Any, args: _args.WinCreate) -> bool: ...
-
-    def win_free(self, name: str | None) -> bool: ...
-
-    def win_put(self, leaves: Leaves, treedef: Any, args: _args.WinPut) -> Leaves: ...
-
-    def win_get(self, args: _args.WinGet) -> bool: ...
-
-    def win_update(self, leaves: Leaves, treedef: Any, args: _args.WinUpdate) -> Leaves: ...
-
-    def win_version(self, name: str) -> dict[int, Any]: ...
-
-    def win_weight(self, name: str) -> Any: ...
-
-    def win_mutex(self, name: str, ranks: Any) -> ContextManager[None]: ...
 
 
 class TrainingLoop(Protocol):
@@ -129,23 +105,9 @@ class SharedValues(Protocol):
     def value_compile(self, name: str) -> None: ...
 
 
-class Backend(Ops, Windows, TrainingLoop, SharedValues, Protocol):
-    """What every backend implements: the four concerns."""
+class Backend(Ops, TrainingLoop, SharedValues, Protocol):
+    """What every backend implements: the three concerns."""
 
 
 #: The concerns, each with the protocol a backend's class for it implements.
-CONCERNS = (Ops, Windows, TrainingLoop, SharedValues)
-
-
-def current() -> Backend:
-    """The backend the calling code runs on."""
-    sim = _context.current()
-    if sim is not None:
-        return sim.backend(sim)
-    return mpi.backend()
-
-
-def apply(op: Op, x: Any, args: Any) -> Any:
-    """Runs ``op`` with resolved ``args`` on the pytree ``x`` (one message per peer)."""
-    leaves, treedef = _args.leaves(op.name, x)
-    return jax.tree.unflatten(treedef, current().apply(op, leaves, treedef, args))
+CONCERNS = (Ops, TrainingLoop, SharedValues)

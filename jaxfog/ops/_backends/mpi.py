@@ -1,10 +1,10 @@
-"""The MPI backend: each op is one of the FFI primitives (an XLA custom call).
+"""The MPI backend: each op's record runs its rule on this job's processes.
 
-Each op's module computes this rank's part of it at trace time (its row of W
-as a communication plan, its ranks, its root: ``Op.mpi``) and passes it to
-the primitive as static parameters; the C++ handler exchanges the messages.
-Here: running and starting those calls, the windows (``mpi_windows``) and
-the training loop in real time.
+An op's module computes this rank's part of it at trace time (its row of W as
+a communication plan, its ranks, its root: ``Op.mpi``) and passes it to its
+FFI primitive as static parameters; the C++ handler exchanges the messages.
+Here: running and starting those calls, the training loop in real time, and
+AD-PSGD's shared models (``jaxfog.ops._windows_mpi``).
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from typing import Any
 
 from jaxfog import ffi, runtime
 from jaxfog.errors import JaxfogTimeoutError
-from jaxfog.ops import _call
-from jaxfog.ops._call import CallHandle
 from jaxfog.ops import _backend_primitives as P
-from jaxfog.ops._backends import mpi_windows
+from jaxfog.ops import _call, _windows_mpi
+from jaxfog.ops._call import CallHandle
 
 
 def _barrier() -> None:
@@ -25,17 +24,14 @@ def _barrier() -> None:
 
 
 class MpiOps:
-    """The message ops on this job's MPI processes, through jaxfog's C++ FFI
-    library: each runs its op's :class:`jaxfog.ops._call.Call` (``Op.mpi``),
-    and a start starts it."""
+    """Ops on this job's MPI processes, through jaxfog's C++ FFI library: each
+    runs its op's :class:`jaxfog.ops._call.Call` (``Op.mpi``) or its own way
+    (``Op.mpi_run``), and a start starts the call."""
 
-    def apply(self, op: Any, leaves: list, treedef: Any, args: Any) -> list:
+    def apply(self, op: Any, leaves: list, treedef: Any, args: Any) -> Any:
         if op.mpi_run is not None:
             return op.mpi_run(leaves, treedef, args)
         return op.mpi(leaves, treedef, args).run()
-
-    def barrier(self) -> None:
-        _barrier()
 
     # Nonblocking ops: each op's Call started, and finished at the wait.
     def start(self, op: Any, leaves: list, treedef: Any, args: Any
@@ -90,9 +86,18 @@ class MpiTrainingLoop:
         return state
 
 
-class MpiBackend(MpiOps, mpi_windows.MpiWindows, MpiTrainingLoop,
-                 mpi_windows.MpiSharedValues):
-    """Ops on this job's MPI processes: the four concerns of
+class MpiSharedValues:
+    """AD-PSGD's shared models: a window's published value."""
+
+    value_create = staticmethod(_windows_mpi.value_create)
+    value_read = staticmethod(_windows_mpi.value_read)
+    value_add = staticmethod(_windows_mpi.value_add)
+    value_pair_average = staticmethod(_windows_mpi.value_pair_average)
+    value_compile = staticmethod(_windows_mpi.value_compile)
+
+
+class MpiBackend(MpiOps, MpiTrainingLoop, MpiSharedValues):
+    """Ops on this job's MPI processes: the three concerns of
     ``jaxfog.ops._backends.Backend``."""
 
 

@@ -1,11 +1,13 @@
-"""Windows on the MPI backend: MPI-3 RMA windows in the C++ library.
+"""The window ops on MPI processes: MPI-3 RMA windows in the C++ library.
 
 ``win_create`` and ``win_free`` are collective calls into the library's C
 API (a window is allocated and freed with every rank, never inside a
 handler); the data-moving ops are the FFI primitives ``win_put``,
 ``win_accumulate``, ``win_get`` and ``win_update``, ordered with every other
 op on the rank; the mutex, versions and weight are read through the C API
-after the dispatched ops have finished.
+after the dispatched ops have finished. Each function is the MPI rule of its
+op's record (``jaxfog.ops.window``); AD-PSGD's shared models, which the MPI
+backend serves, are built on them at the end.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from jaxfog.ops import _args, _jax_compat, _plan, _primitive_machinery
 from jaxfog.ops import _backend_primitives as P
 from jaxfog.ops.jit import jit
 from jaxfog.ops._call import Call
-from jaxfog.ops._backends import _numerics, _window_spec
+from jaxfog.ops import _numerics, _window_spec
 
 _ALIGN = 64  # the C++ window layout: each leaf (and the weight) at a multiple of 64 bytes
 
@@ -254,8 +256,8 @@ def _sources(window: _Window, peers: _args.Peers | None, default: np.ndarray,
     return srcs
 
 
-def win_get(args: _args.WinGet) -> bool:
-    return win_get_call(args).run()[0]
+def win_get(args: _args.WinGet) -> list:
+    return win_get_call(args).run()
 
 
 def win_get_call(args: _args.WinGet) -> Call:
@@ -436,28 +438,3 @@ def value_compile(name: str) -> None:
         pieces["average"].lower(j).compile()
     with win_mutex(name, [_rank()]):  # and the mutex's own small computations
         pass
-
-
-class MpiWindows:
-    """The windows of the MPI backend (``jaxfog.ops._backends.Windows``): the
-    functions above."""
-
-    win_create = staticmethod(win_create)
-    win_free = staticmethod(win_free)
-    win_put = staticmethod(win_put)
-    win_get = staticmethod(win_get)
-    win_update = staticmethod(win_update)
-    win_version = staticmethod(win_version)
-    win_weight = staticmethod(win_weight)
-    win_mutex = staticmethod(win_mutex)
-
-
-class MpiSharedValues:
-    """AD-PSGD's shared models on the MPI backend
-    (``jaxfog.ops._backends.SharedValues``): a window's published value."""
-
-    value_create = staticmethod(value_create)
-    value_read = staticmethod(value_read)
-    value_add = staticmethod(value_add)
-    value_pair_average = staticmethod(value_pair_average)
-    value_compile = staticmethod(value_compile)
