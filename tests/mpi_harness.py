@@ -12,6 +12,7 @@ jaxfog down, starts ``jax.distributed``, or needs a fresh process).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import tempfile
@@ -60,12 +61,15 @@ SELECTED: set[tuple] | None = None
 
 
 def mpi_test(nprocs: Sequence[int] = DEFAULT_NPROCS, *, timeout: float = 120,
-             env: Mapping[str, str] | None = None, alone: bool = False) -> Callable:
+             env: Mapping[str, str] | None = None, alone: bool = False,
+             x64: bool = False) -> Callable:
     """Turns ``body()`` into a pytest test run on each rank count in ``nprocs``.
 
     The body runs in every rank (it calls ``jaxfog.init()`` itself); the test
     fails, showing each failing rank's traceback, if any rank fails, and fails
-    within ``timeout`` seconds if the ranks deadlock.
+    within ``timeout`` seconds if the ranks deadlock. ``x64=True`` runs it with
+    ``jax_enable_x64`` on (the next body of the launch starts with it as the
+    launch began).
     """
     if os.environ.get(ONE_RANK_COUNT_ENV) == "1":
         nprocs = tuple(nprocs)[:1]
@@ -84,7 +88,7 @@ def mpi_test(nprocs: Sequence[int] = DEFAULT_NPROCS, *, timeout: float = 120,
             if failure is not None:
                 pytest.fail(failure, pytrace=False)
 
-        test.mpi_body = body
+        test.mpi_body = _with_x64(body) if x64 else body
         test.mpi_entry = entry
         test.__name__ = body.__name__
         test.__doc__ = body.__doc__
@@ -92,6 +96,17 @@ def mpi_test(nprocs: Sequence[int] = DEFAULT_NPROCS, *, timeout: float = 120,
 
     return decorate
 
+
+
+def _with_x64(body: Callable[[], None]) -> Callable[[], None]:
+    @functools.wraps(body)
+    def run() -> None:
+        import jax  # in the rank, where the body runs
+
+        jax.config.update("jax_enable_x64", True)
+        body()
+
+    return run
 
 
 def pytest_collection_finish(session):

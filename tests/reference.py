@@ -37,11 +37,12 @@ def random_push_pull(n: int, seed: int):
 
 
 def rank_setup(seed: int = 0, shape=(7,)):
-    """A multi-rank test body's start: float64, jaxfog initialised; jaxfog, this
-    rank, the size and every rank's :func:`global_values` (the body's inputs)."""
+    """A multi-rank test body's start (a body with ``@mpi_test(x64=True)``:
+    float64), jaxfog initialised; jaxfog, this rank, the size and every rank's
+    :func:`global_values` (the body's inputs)."""
     import jax
 
-    jax.config.update("jax_enable_x64", True)  # a rank runs one test: no leak
+    assert jax.config.jax_enable_x64, "a body calling rank_setup runs with @mpi_test(x64=True)"
     import jaxfog as jf
 
     jf.init()

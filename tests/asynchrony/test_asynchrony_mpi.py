@@ -11,11 +11,10 @@ from jaxfog.testing import run_mpi
 from mpi_harness import mpi_test
 
 
-@mpi_test(nprocs=(2, 4, 5), timeout=240)
+@mpi_test(nprocs=(2, 4, 5), timeout=240, x64=True)
 def test_async_push_sum_mass_and_consensus_with_a_sleeping_rank():
     import time
 
-    import jax
     import jax.numpy as jnp
     import numpy as np
     import optax
@@ -23,7 +22,6 @@ def test_async_push_sum_mass_and_consensus_with_a_sleeping_rank():
     import jaxfog as jf
     import jaxfog.asynchrony as jfa
 
-    jax.config.update("jax_enable_x64", True)
     jf.init()
     r, n = jf.rank(), jf.size()
     x0 = np.random.default_rng(r).standard_normal(4) + r
@@ -42,7 +40,7 @@ def test_async_push_sum_mass_and_consensus_with_a_sleeping_rank():
     trainer.free()
 
 
-@mpi_test(nprocs=(2, 5), timeout=240)
+@mpi_test(nprocs=(2, 5), timeout=240, x64=True)
 def test_adpsgd_conserves_pairs_and_never_deadlocks():
     import time
 
@@ -55,7 +53,6 @@ def test_adpsgd_conserves_pairs_and_never_deadlocks():
     import jaxfog.asynchrony as jfa
     import jaxfog.topology as T
 
-    jax.config.update("jax_enable_x64", True)
     jf.init()
     r, n = jf.rank(), jf.size()
     jf.set_topology(T.ring(n) if n > 2 else T.exponential(n))
@@ -82,7 +79,7 @@ def test_adpsgd_conserves_pairs_and_never_deadlocks():
     trainer.free()
 
 
-@mpi_test(nprocs=(4,), timeout=240)
+@mpi_test(nprocs=(4,), timeout=240, x64=True)
 def test_hop_keeps_its_staleness_bound_and_backups_survive_a_stopped_rank():
     import time
 
@@ -95,7 +92,6 @@ def test_hop_keeps_its_staleness_bound_and_backups_survive_a_stopped_rank():
     import jaxfog.asynchrony as jfa
     import jaxfog.topology as T
 
-    jax.config.update("jax_enable_x64", True)
     jf.init()
     r, n = jf.rank(), jf.size()
     topo = T.exponential(n)
@@ -130,7 +126,7 @@ def test_hop_keeps_its_staleness_bound_and_backups_survive_a_stopped_rank():
     trainer.free()
 
 
-@mpi_test(nprocs=(2, 4, 5), timeout=180)
+@mpi_test(nprocs=(2, 4, 5), timeout=180, x64=True)
 def test_pair_gossip_averages_pairs_like_the_simulation():
     import jax
     import jax.numpy as jnp
@@ -139,7 +135,6 @@ def test_pair_gossip_averages_pairs_like_the_simulation():
     import jaxfog as jf
     import jaxfog.asynchrony as jfa
 
-    jax.config.update("jax_enable_x64", True)
     jf.init()
     r, n = jf.rank(), jf.size()
     values = [{"a": np.arange(3.0) + 10 * q, "b": np.full((2, 2), -q, np.float32)}

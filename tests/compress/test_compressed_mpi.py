@@ -6,14 +6,13 @@ from __future__ import annotations
 from mpi_harness import mpi_test
 
 
-@mpi_test(nprocs=(4,), timeout=300)
+@mpi_test(nprocs=(4,), timeout=300, x64=True)
 def test_compressed_iterates_match_the_simulation_and_bytes_match_the_payloads():
     import jax
     import jax.numpy as jnp
     import numpy as np
     import optax
 
-    jax.config.update("jax_enable_x64", True)
     import jaxfog as jf
     import jaxfog.compress as C
     import jaxfog.optax as jfo

@@ -61,13 +61,12 @@ def test_gpu_identity_is_decided_without_starting_jax(monkeypatch):
         jax.config.update("jax_platforms", before)
 
 
-@mpi_test(nprocs=(2, 4), env={"JAXFOG_NODES_PER_MACHINE": "2"}, timeout=300, alone=True)
+@mpi_test(nprocs=(2, 4), env={"JAXFOG_NODES_PER_MACHINE": "2"}, timeout=300, alone=True, x64=True)
 def test_every_case_on_the_mesh_matches_the_simulation():
     """4 agents: one per device on 4 processes, two per device on 2."""
     import jaxfog.mesh as M
 
     M.init_distributed()
-    jax.config.update("jax_enable_x64", True)
 
     import jaxfog as jf
     import jaxfog.topology as T
@@ -91,14 +90,13 @@ def test_every_case_on_the_mesh_matches_the_simulation():
         _compare(got, want, case.name)
 
 
-@mpi_test(nprocs=(2, 3), timeout=180, alone=True)
+@mpi_test(nprocs=(2, 3), timeout=180, alone=True, x64=True)
 def test_mesh_ops_grad_scan_and_agents():
     import jax.numpy as jnp
 
     import jaxfog.mesh as M
 
     devices = M.init_distributed()
-    jax.config.update("jax_enable_x64", True)
 
     import jaxfog as jf
     import jaxfog.topology as T

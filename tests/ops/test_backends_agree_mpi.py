@@ -9,12 +9,11 @@ from mpi_harness import mpi_test
 pytestmark = pytest.mark.jax_internals
 
 
-@mpi_test()
+@mpi_test(x64=True)
 def test_mpi_and_simulation_agree():
     import jax
     import numpy as np
 
-    jax.config.update("jax_enable_x64", True)
     import jaxfog as jf
     from cases import cases
 

@@ -56,7 +56,7 @@ def test_order_holds_when_each_rank_would_start_a_different_op_first():
         np.testing.assert_allclose(gathered, slow_a[:, :4, 0].reshape(-1), rtol=1e-6)
 
 
-@mpi_test(nprocs=(2, 3), timeout=240)
+@mpi_test(nprocs=(2, 3), timeout=240, x64=True)
 def test_transformations_static_donated_and_aot_against_numpy():
     import functools
 
@@ -68,7 +68,6 @@ def test_transformations_static_donated_and_aot_against_numpy():
     import jaxfog.topology as T
     from reference import global_values
 
-    jax.config.update("jax_enable_x64", True)
     jf.init()
     r, n = jf.rank(), jf.size()
     X = global_values(n, (6,), seed=3)

@@ -17,7 +17,7 @@ def _setup(seed: int = 0, shape=(6,)):
     return rank_setup(seed, shape)
 
 
-@mpi_test((2, 5))
+@mpi_test((2, 5), x64=True)
 def test_every_nonblocking_op_gives_the_blocking_value():
     import jax
     import jax.numpy as jnp
@@ -73,7 +73,7 @@ def test_every_nonblocking_op_gives_the_blocking_value():
             assert got["i"].dtype == jnp.int32, name
 
 
-@mpi_test((2, 4))
+@mpi_test((2, 4), x64=True)
 def test_handles_cross_jit_calls_and_scan_carries():
     import jax
     import jax.numpy as jnp
@@ -119,7 +119,7 @@ def test_handles_cross_jit_calls_and_scan_carries():
     np.testing.assert_allclose(last, (W @ prev)[r], rtol=1e-12)
 
 
-@mpi_test((2, 4))
+@mpi_test((2, 4), x64=True)
 def test_inputs_donated_at_start_and_waits_in_any_order():
     import jax
     import jax.numpy as jnp
@@ -148,7 +148,7 @@ def test_inputs_donated_at_start_and_waits_in_any_order():
     np.testing.assert_allclose(got[id(third)], X[:, :5].reshape(-1), rtol=1e-13)
 
 
-@mpi_test((2, 4))
+@mpi_test((2, 4), x64=True)
 def test_gradients_through_start_and_wait_equal_the_blocking_ops():
     import jax
     import jax.numpy as jnp
@@ -203,7 +203,7 @@ def test_gradients_through_start_and_wait_equal_the_blocking_ops():
                                jax.grad(lambda x: unrolled(x, False))(x), rtol=1e-12)
 
 
-@mpi_test((2,), alone=True)
+@mpi_test((2,), alone=True, x64=True)
 def test_misuse_gets_a_clear_error():
     import warnings
 
@@ -245,7 +245,7 @@ def test_misuse_gets_a_clear_error():
                for m in messages), messages
 
 
-@mpi_test((2, 4))
+@mpi_test((2, 4), x64=True)
 def test_window_ops_nonblocking():
     import jax
     import jax.numpy as jnp
@@ -281,7 +281,7 @@ def test_window_ops_nonblocking():
     jf.win_free("w")
 
 
-@mpi_test((2,))
+@mpi_test((2,), x64=True)
 def test_a_start_returns_before_its_peer_arrives():
     """Even a small message (which a blocking op runs inline): rank 1 starts
     its side 3 s late, and rank 0's start returns long before."""
@@ -305,7 +305,7 @@ def test_a_start_returns_before_its_peer_arrives():
         assert started < 1.5, started  # returned without waiting for rank 1
 
 
-@mpi_test((2,), timeout=180)
+@mpi_test((2,), timeout=180, x64=True)
 def test_a_late_peer_hides_behind_compute():
     """Overlap that timing luck cannot fake: rank 1 sleeps LATE s (no CPU)
     before its side of a 4 MB exchange while rank 0 computes for C s (about

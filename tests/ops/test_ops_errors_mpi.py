@@ -13,7 +13,7 @@ def _setup():
     return rank_setup()[:3]
 
 
-@mpi_test(nprocs=(2, 3))
+@mpi_test(nprocs=(2, 3), x64=True)
 def test_argument_errors_raise_at_trace_time():
     import jax.numpy as jnp
     import numpy as np
@@ -83,7 +83,7 @@ def test_argument_errors_raise_at_trace_time():
     np.testing.assert_allclose(jf.allreduce(jnp.asarray(float(r))), np.mean(np.arange(n)))
 
 
-@mpi_test(nprocs=(2, 3))
+@mpi_test(nprocs=(2, 3), x64=True)
 def test_check_topology_names_the_mismatched_ranks():
     import jax.numpy as jnp
 
@@ -102,7 +102,7 @@ def test_check_topology_names_the_mismatched_ranks():
     assert float(y[0]) == 0.5 * r + 0.5 * ((r - 1) % n)
 
 
-@mpi_test(nprocs=(2, 3), env={"JAXFOG_TIMEOUT": "2"})
+@mpi_test(nprocs=(2, 3), env={"JAXFOG_TIMEOUT": "2"}, x64=True)
 def test_missing_sender_times_out_naming_the_peer():
     import time
 
@@ -134,7 +134,7 @@ def test_missing_sender_times_out_naming_the_peer():
         jf.neighbor_allreduce(jnp.ones(4), self_weight=0.5, src_weights=src, dst_weights=[])
 
 
-@mpi_test(nprocs=(2,))
+@mpi_test(nprocs=(2,), x64=True)
 def test_the_launchers_notice_that_a_process_died_does_not_kill_a_rank():
     import os
     import signal
@@ -153,7 +153,7 @@ def test_the_launchers_notice_that_a_process_died_does_not_kill_a_rank():
     assert float(y[0]) == 0.5 * r + 0.5 * ((r + 1) % n)
 
 
-@mpi_test(nprocs=(2, 3), env={"JAXFOG_TIMEOUT": "3"})
+@mpi_test(nprocs=(2, 3), env={"JAXFOG_TIMEOUT": "3"}, x64=True)
 def test_shape_dtype_and_op_order_differences_are_reported():
     import jax.numpy as jnp
 
@@ -204,7 +204,7 @@ def _ranks(ranks) -> str:
     return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
-@mpi_test(nprocs=(3, 4), env={"JAXFOG_TIMEOUT": "10"})
+@mpi_test(nprocs=(3, 4), env={"JAXFOG_TIMEOUT": "10"}, x64=True)
 def test_layout_mismatches_name_the_odd_rank_and_show_both_layouts():
     import re
 
@@ -257,7 +257,7 @@ def test_layout_mismatches_name_the_odd_rank_and_show_both_layouts():
            "f32[2,3]", "f32[3,2]", neighbours=False)
 
 
-@mpi_test(nprocs=(2, 3), env={"JAXFOG_MAX_MESSAGE_BYTES": "1000"})
+@mpi_test(nprocs=(2, 3), env={"JAXFOG_MAX_MESSAGE_BYTES": "1000"}, x64=True)
 def test_messages_larger_than_one_mpi_message_travel_in_pieces():
     """The chunked path (what carries counts past 2**31 elements) on small sizes."""
     import jax

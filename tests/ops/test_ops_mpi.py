@@ -18,7 +18,7 @@ def _setup(seed: int = 0, shape=(7,)):
     return rank_setup(seed, shape)
 
 
-@mpi_test()
+@mpi_test(x64=True)
 def test_static_topologies_match_w_at_x():
     import jax
     import jax.numpy as jnp
@@ -43,7 +43,7 @@ def test_static_topologies_match_w_at_x():
                                rtol=1e-13)
 
 
-@mpi_test()
+@mpi_test(x64=True)
 def test_local_view_forms():
     import jax
     import numpy as np
@@ -86,7 +86,7 @@ def test_local_view_forms():
     np.testing.assert_allclose(y, 2 * X[r])
 
 
-@mpi_test()
+@mpi_test(x64=True)
 def test_scheduled_under_control_flow_compiles_once():
     import jax
     import jax.numpy as jnp
@@ -146,7 +146,7 @@ def test_scheduled_under_control_flow_compiles_once():
         np.testing.assert_allclose(z, X.mean(0), rtol=1e-14)
 
 
-@mpi_test()
+@mpi_test(x64=True)
 def test_pytrees_dtypes_scalars_and_empty():
     import jax
     import jax.numpy as jnp
@@ -185,7 +185,7 @@ def test_pytrees_dtypes_scalars_and_empty():
     assert int(out) == int(big.sum())
 
 
-@mpi_test(nprocs=(2, 3))
+@mpi_test(nprocs=(2, 3), x64=True)
 def test_large_messages_are_summed_piece_by_piece():
     """Messages of 4 MB and more are summed as their pieces arrive; piece
     boundaries fall inside elements of every width, and senders scale."""
@@ -233,7 +233,7 @@ def test_large_messages_are_summed_piece_by_piece():
     np.testing.assert_allclose(star(jnp.asarray(Z[r])), want, rtol=1e-12, atol=1e-14)
 
 
-@mpi_test()
+@mpi_test(x64=True)
 def test_collectives():
     import jax
     import jax.numpy as jnp
@@ -271,7 +271,7 @@ def test_collectives():
     np.testing.assert_allclose(h.astype(np.float64), X.sum(0), rtol=3e-2, atol=3e-2)
 
 
-@mpi_test()
+@mpi_test(x64=True)
 def test_differentiation_matches_w_transpose():
     import jax
     import jax.numpy as jnp
@@ -328,7 +328,7 @@ def test_differentiation_matches_w_transpose():
                                rtol=1e-13)
 
 
-@mpi_test()
+@mpi_test(x64=True)
 def test_vmap_batches_in_one_call():
     import jax
     import jax.numpy as jnp
@@ -358,7 +358,7 @@ def test_vmap_batches_in_one_call():
     np.testing.assert_allclose(grads, np.einsum("ji,jbk->ibk", W, 2 * Y)[r], rtol=1e-12)
 
 
-@mpi_test(nprocs=(4, 6), env={"JAXFOG_NODES_PER_MACHINE": "2"})
+@mpi_test(nprocs=(4, 6), env={"JAXFOG_NODES_PER_MACHINE": "2"}, x64=True)
 def test_hierarchical_with_faked_machines():
     import jax
     import numpy as np
@@ -383,7 +383,7 @@ def test_hierarchical_with_faked_machines():
                                rtol=1e-13)
 
 
-@mpi_test(nprocs=(3,))
+@mpi_test(nprocs=(3,), x64=True)
 def test_jitted_functions_follow_set_topology():
     import jax
     import numpy as np

@@ -27,7 +27,7 @@ def _graphs(n):
     return [T.exponential(n), T.ring(n), T.star(n), T.from_weights(directed)]
 
 
-@mpi_test(nprocs=(2, 4, 5))
+@mpi_test(nprocs=(2, 4, 5), x64=True)
 def test_put_accumulate_update_against_numpy():
     import jax
     import jax.numpy as jnp
@@ -36,7 +36,6 @@ def test_put_accumulate_update_against_numpy():
     import jaxfog as jf
     from jaxfog.ops import window as W
 
-    jax.config.update("jax_enable_x64", True)
     jf.init()
     r, n = jf.rank(), jf.size()
     X = np.random.default_rng(0).standard_normal((n, 2, 3))
@@ -132,7 +131,7 @@ def test_window_errors():
     np.testing.assert_allclose(jf.allreduce(jnp.ones(1)), 1.0)  # still in step
 
 
-@mpi_test(nprocs=(2, 4, 5), timeout=240)
+@mpi_test(nprocs=(2, 4, 5), timeout=240, x64=True)
 def test_random_sequences_against_the_model():
     """Seeded put/accumulate/get/update sequences with weights on four graphs:
     the same per-agent code as the simulated test, against the numpy model."""
@@ -142,7 +141,6 @@ def test_random_sequences_against_the_model():
     import jaxfog as jf
     from window_cases import agent_sequence, model_outputs, random_sequence
 
-    jax.config.update("jax_enable_x64", True)
     jf.init()
     r, n = jf.rank(), jf.size()
     for k, topo in enumerate(_graphs(n)):
@@ -230,14 +228,13 @@ def test_mutex_delays_a_protected_put():
     W.win_free("m")
 
 
-@mpi_test(nprocs=(2, 3, 4, 5), timeout=240)
+@mpi_test(nprocs=(2, 3, 4, 5), timeout=240, x64=True)
 def test_contending_mutexes_and_push_sum_conserve_mass():
     """Every rank accumulates under its destinations' mutexes and collects
     under its own, one rank slowed; no deadlock, and at the end (all drained)
     sum_i x_i and sum_i p_i are what they were."""
     import time
 
-    import jax
     import jax.numpy as jnp
     import numpy as np
 
@@ -245,7 +242,6 @@ def test_contending_mutexes_and_push_sum_conserve_mass():
     import jaxfog.topology as T
     from jaxfog.ops import window as W
 
-    jax.config.update("jax_enable_x64", True)
     jf.init()
     r, n = jf.rank(), jf.size()
     topo = T.exponential(n)
@@ -298,7 +294,7 @@ def test_a_dead_peer_ends_the_job_not_a_hang():
     assert result.seconds < 60, result.report()
 
 
-@mpi_test(nprocs=(2, 4))
+@mpi_test(nprocs=(2, 4), x64=True)
 def test_inside_scan_fori_loop_and_jit():
     """Put then update in lax.scan and fori_loop under jf.jit and jax.jit is
     neighbour averaging (W^k x); versions and the weight read inside the trace."""
@@ -310,7 +306,6 @@ def test_inside_scan_fori_loop_and_jit():
     import jaxfog.topology as T
     from jaxfog.ops import window as W
 
-    jax.config.update("jax_enable_x64", True)
     jf.init()
     r, n = jf.rank(), jf.size()
     jf.set_topology(T.ring(n))

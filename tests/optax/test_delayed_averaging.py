@@ -272,7 +272,7 @@ def test_the_transformation_stays_an_optax_one():
     assert np.isfinite(np.asarray(x)).all()
 
 
-@mpi_test(nprocs=(2,), timeout=180)
+@mpi_test(nprocs=(2,), timeout=180, x64=True)
 def test_finish_on_mpi_matches_the_simulation_and_leaves_nothing_in_flight():
     import warnings
 
@@ -281,7 +281,6 @@ def test_finish_on_mpi_matches_the_simulation_and_leaves_nothing_in_flight():
     import numpy as np
     import optax
 
-    jax.config.update("jax_enable_x64", True)
     import jaxfog as jf
     import jaxfog.optax as jfo
     import jaxfog.topology as T

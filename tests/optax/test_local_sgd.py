@@ -376,14 +376,13 @@ def test_a_chain_after_them_warns():
 # --- MPI -----------------------------------------------------------------------------------------
 
 
-@mpi_test(nprocs=(4,), timeout=300)
+@mpi_test(nprocs=(4,), timeout=300, x64=True)
 def test_mpi_processes_give_the_simulated_iterates_and_send_only_at_syncs():
     import jax
     import jax.numpy as jnp
     import numpy as np
     import optax
 
-    jax.config.update("jax_enable_x64", True)
     import jaxfog as jf
     import jaxfog.compress as C
     import jaxfog.optax as jfo

@@ -6,7 +6,7 @@ from __future__ import annotations
 from mpi_harness import ONE_RANK_COUNT_ENV, computed_once, mpi_test
 
 
-@mpi_test(nprocs=(4, 5), timeout=300)
+@mpi_test(nprocs=(4, 5), timeout=300, x64=True)
 def test_optimizers_on_mpi_match_the_optimum_and_the_simulation():
     """The exact methods on both rank counts; every other transformation on
     one of them, alternately (compiling each case on every rank was most of
@@ -16,7 +16,6 @@ def test_optimizers_on_mpi_match_the_optimum_and_the_simulation():
     import jax
     import numpy as np
 
-    jax.config.update("jax_enable_x64", True)
     import jaxfog as jf
     import optax_cases as oc
 
@@ -52,7 +51,7 @@ def test_optimizers_on_mpi_match_the_optimum_and_the_simulation():
             assert np.isfinite(mine).all() and np.abs(mine).max() > 1e-3, what
 
 
-@mpi_test(nprocs=(2,), timeout=120)
+@mpi_test(nprocs=(2,), timeout=120, x64=True)
 def test_atc_unfused_sends_a_message_per_leaf_last_leaf_first():
     import json
     import os
@@ -63,7 +62,6 @@ def test_atc_unfused_sends_a_message_per_leaf_last_leaf_first():
     import numpy as np
     import optax
 
-    jax.config.update("jax_enable_x64", True)
     import jaxfog as jf
     import jaxfog.optax as jfo
     from jaxfog import ffi

@@ -351,7 +351,7 @@ def test_a_chain_after_it_warns():
 # --- MPI ------------------------------------------------------------------------------------
 
 
-@mpi_test(nprocs=(2,), timeout=300)
+@mpi_test(nprocs=(2,), timeout=300, x64=True)
 def test_mpi_processes_give_the_simulated_iterates_and_start_only_at_syncs():
     import warnings
 
@@ -360,7 +360,6 @@ def test_mpi_processes_give_the_simulated_iterates_and_start_only_at_syncs():
     import numpy as np
     import optax
 
-    jax.config.update("jax_enable_x64", True)
     import jaxfog as jf
     import jaxfog.compress as C
     import jaxfog.optax as jfo

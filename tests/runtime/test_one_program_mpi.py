@@ -17,11 +17,10 @@ from __future__ import annotations
 from mpi_harness import computed_once, mpi_test
 
 
-@mpi_test(nprocs=(4,), env={"JAXFOG_NODES_PER_MACHINE": "2"}, timeout=300)
+@mpi_test(nprocs=(4,), env={"JAXFOG_NODES_PER_MACHINE": "2"}, timeout=300, x64=True)
 def test_same_per_agent_functions_on_both_backends():
     import jax
 
-    jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
     import numpy as np
     import pytest
