@@ -75,7 +75,7 @@ def mpi_test(nprocs: Sequence[int] = DEFAULT_NPROCS, *, timeout: float = 120,
         nprocs = tuple(nprocs)[:1]
 
     def decorate(body: Callable[[], None]) -> Callable:
-        file = inspect.getsourcefile(body)
+        file = inspect.getsourcefile(inspect.unwrap(body))  # an x64 body's own file
         entry = _Body(file, body.__name__, nprocs, timeout, env or {}, alone)
         _BODIES.setdefault(file, []).append(entry)
 
