@@ -71,28 +71,28 @@ Weights = Mapping[int, float] | Sequence[int] | Any  # a dict, a list of ranks o
 # Each window op is one record: its rule on MPI processes (``_windows_mpi``: the
 # C API for what is collective or eager, a Call of its primitive for what moves
 # data) and on simulated agents (``jaxfog.simulation._windows``: the windows as
-# JAX references). Those without data take ``(name, ...)`` as their arguments.
+# JAX references).
+def _without_data(name: str, simulated: Any, mpi: Any) -> Op:
+    """The record of a window op without data, whose arguments are a tuple
+    (the window's name, and more) that both rules take as they are."""
+    return Op(name, simulated=lambda sim, leaves, treedef, args: simulated(*args),
+              mpi_run=lambda leaves, treedef, args: mpi(*args))
+
+
 WIN_CREATE = Op("win_create", simulated=_windows_simulated.win_create,
                 mpi_run=_windows_mpi.win_create)
-WIN_FREE = Op("win_free", simulated=lambda sim, leaves, treedef, name: (
-    _windows_simulated.win_free(name)), mpi_run=lambda leaves, treedef, name: (
-        _windows_mpi.win_free(name)))
 WIN_PUT = Op("win_put", simulated=_windows_simulated.win_put, mpi=_windows_mpi.win_put_call)
 WIN_GET = Op("win_get", simulated=lambda sim, leaves, treedef, args: (
     _windows_simulated.win_get(sim, args)), mpi=lambda leaves, treedef, args: (
         _windows_mpi.win_get_call(args)))
 WIN_UPDATE = Op("win_update", simulated=_windows_simulated.win_update,
                 mpi_run=_windows_mpi.win_update)
-WIN_MUTEX = Op("win_mutex", simulated=lambda sim, leaves, treedef, args: (
-    _windows_simulated.win_mutex(*args)), mpi_run=lambda leaves, treedef, args: (
-        _windows_mpi.win_mutex(*args)))
-WIN_VERSION = Op("win_version", simulated=lambda sim, leaves, treedef, name: (
-    _windows_simulated.win_version(name)), mpi_run=lambda leaves, treedef, name: (
-        _windows_mpi.win_version(name)))
-WIN_WEIGHT = Op("win_weight", simulated=lambda sim, leaves, treedef, name: (
-    _windows_simulated.win_weight(name)), mpi_run=lambda leaves, treedef, name: (
-        _windows_mpi.win_weight(name)))
-
+WIN_FREE = _without_data("win_free", _windows_simulated.win_free, _windows_mpi.win_free)
+WIN_MUTEX = _without_data("win_mutex", _windows_simulated.win_mutex, _windows_mpi.win_mutex)
+WIN_VERSION = _without_data("win_version", _windows_simulated.win_version,
+                            _windows_mpi.win_version)
+WIN_WEIGHT = _without_data("win_weight", _windows_simulated.win_weight,
+                           _windows_mpi.win_weight)
 
 def win_create(x: Any, name: str, *, zero_init: bool = False, with_weight: bool = False,
                src_ranks: Sequence[int] | None = None) -> bool:
@@ -128,7 +128,7 @@ def win_free(name: str | None = None) -> bool:
     dispatched have finished; collective."""
     if name is not None:
         name = _args._window_name(name, "win_free")
-    return _dispatch.run(WIN_FREE, name)
+    return _dispatch.run(WIN_FREE, (name,))
 
 
 def _put(x: Any, name: str, self_weight: Any, dst_weights: Any, require_mutex: bool,
@@ -253,7 +253,7 @@ def win_version(name: str) -> dict[int, int]:
     Eager on MPI (it waits for the dispatched ops); in the simulation a
     traced count per rank (0 where this agent holds no slot).
     """
-    return _dispatch.run(WIN_VERSION, _args._window_name(name, "win_version"))
+    return _dispatch.run(WIN_VERSION, (_args._window_name(name, "win_version"),))
 
 
 def win_weight(name: str) -> Any:
@@ -262,7 +262,7 @@ def win_weight(name: str) -> Any:
     Eager on MPI (a float, after the dispatched ops); traced in the
     simulation.
     """
-    return _dispatch.run(WIN_WEIGHT, _args._window_name(name, "win_weight"))
+    return _dispatch.run(WIN_WEIGHT, (_args._window_name(name, "win_weight"),))
 
 
 # --- the nonblocking forms: a write or a read started, waited for later ---------

@@ -47,7 +47,7 @@ class SimulatedOps(_OnAgents):
 
     # A nonblocking op is computed at its start and held back until its wait,
     # where the agent's clock waits for its messages.
-    def apply(self, op: Any, leaves: list, treedef: Any, args: Any) -> list:
+    def apply(self, op: Any, leaves: list, treedef: Any, args: Any) -> Any:
         return op.simulated(self.sim, leaves, treedef, args)
 
     def start(self, op: Any, leaves: list, treedef: Any, args: Any
