@@ -4,8 +4,9 @@
 API (a window is allocated and freed with every rank, never inside a
 handler); the data-moving ops are the FFI primitives ``win_put``,
 ``win_accumulate``, ``win_get`` and ``win_update``, ordered with every other
-op on the rank; the mutex, versions and weight are read through the C API
-after the dispatched ops have finished. Each function is the MPI rule of its
+op on the rank and defined here (only MPI binds them); the mutex, versions
+and weight are read through the C API after the dispatched ops have
+finished. Each function is the MPI rule of its
 op's record (``jaxfog.ops.window``); AD-PSGD's shared models, which the MPI
 backend serves, are built on them at the end.
 """
@@ -21,12 +22,14 @@ from typing import Any, Iterator, cast
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import core
+from jax.interpreters import ad
 
 from jaxfog import _interrupt, ffi, runtime
 from jaxfog import topology as T
 from jaxfog.errors import JaxfogError
-from jaxfog.ops import _args, _jax_compat, _plan, _primitive_machinery
-from jaxfog.ops import _backend_primitives as P
+from jaxfog.ops import _args, _jax_compat, _plan, _primitive_machinery, _sync_primitives
+from jaxfog.ops._primitive_machinery import define, not_differentiable, same_avals
 from jaxfog.ops.jit import jit
 from jaxfog.ops._call import Call
 from jaxfog.ops import _numerics, _window_spec
@@ -37,6 +40,50 @@ _ALIGN = 64  # the C++ window layout: each leaf (and the weight) at a multiple o
 _TYPE_CODES = {np.dtype("int32"): 4, np.dtype("int64"): 5, np.dtype("float16"): 10,
                np.dtype("float32"): 11, np.dtype("float64"): 12, np.dtype("complex64"): 15,
                np.dtype("complex128"): 18}
+
+
+# --- the primitives ----------------------------------------------------------
+
+
+def _window_attributes(avals_in, **params) -> dict:
+    """Static tuples become the handler's array attributes (ranks and regions
+    int64, weights float64)."""
+    def attribute(key, value):
+        if not isinstance(value, tuple):
+            return value
+        return np.array(value, np.float64 if key.endswith("weights") else np.int64)
+
+    return {key: attribute(key, value) for key, value in params.items()}
+
+
+def _not_differentiable(prim):
+    # A write into another rank's memory has no tangent.
+    def jvp(primals, tangents, **params):
+        raise not_differentiable(prim)
+
+    return jvp
+
+
+# win_put / win_accumulate: the leaves go to the destinations' slots (no
+# results: the caller computes self_weight * x). win_update: the weighted sum with the slots.
+# win_get (no operands, no results): the sources' published values into the
+# slots.
+win_put_p = define("win_put", lambda *avals, **params: [], _window_attributes)
+win_accumulate_p = define("win_accumulate", lambda *avals, **params: [], _window_attributes)
+win_update_p = define("win_update", same_avals, _window_attributes)
+win_get_p = define("win_get", same_avals, _window_attributes)
+# win_state: this rank's version counters (one per slot) and push-sum weight.
+win_state_p = define(
+    "win_state",
+    lambda *, win_id, slots: [
+        core.ShapedArray((slots,), jax.dtypes.canonicalize_dtype(np.int64)),
+        core.ShapedArray((), jax.dtypes.canonicalize_dtype(np.float64))],
+    lambda avals_in, *, win_id, slots: {"win_id": win_id})
+for _prim in (win_put_p, win_accumulate_p, win_update_p):
+    ad.primitive_jvps[_prim] = _not_differentiable(_prim)
+
+
+# --- the windows ---------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +195,7 @@ def win_create(leaves: list, treedef: Any, args: _args.WinCreate) -> bool:
 
 def win_free(name: str | None) -> bool:
     names = list(_windows) if name is None else [lookup(name, "win_free").spec.name]
-    P.wait_for_dispatched()
+    _sync_primitives.wait_for_dispatched()
     for n in names:
         ffi.library().jaxfog_win_free(_windows.pop(n).id)
         _values.pop(n, None)
@@ -227,14 +274,14 @@ def win_put_call(leaves: list, treedef: Any, args: _args.WinPut) -> Call:
     if args.into_values:
         if not args.accumulate:
             raise ValueError(f"{args.what}: only an accumulate can target published values")
-        return Call(P.win_accumulate_p, list(leaves),
+        return Call(win_accumulate_p, list(leaves),
                     {"win_id": window.id, "self_weight": 1.0, "dst_ranks": ranks,
                      "dst_regions": (0,) * len(ranks),
                      "dst_weights": tuple(dsts[d] for d in ranks),
                      "require_mutex": args.require_mutex},
                     post=_Returns(1.0), kept=list(leaves))
     window.spec.check_sources(np.array(ranks, int), np.full(len(dsts), rank), args.what)
-    prim = P.win_accumulate_p if args.accumulate else P.win_put_p
+    prim = win_accumulate_p if args.accumulate else win_put_p
     self_weight = _self_weight(args.self_weight, 1.0, args.what)
     return Call(prim, list(leaves),
                 {"win_id": window.id, "self_weight": self_weight, "dst_ranks": ranks,
@@ -265,7 +312,7 @@ def win_get_call(args: _args.WinGet) -> Call:
     rank = _rank()
     srcs = _sources(window, args.src, window.spec.sources[rank].astype(float), args.what)
     ranks = tuple(sorted(srcs))
-    return Call(P.win_get_p, [],
+    return Call(win_get_p, [],
                 {"win_id": window.id, "self_weight": 1.0, "src_ranks": ranks,
                  "src_regions": tuple(window.region[rank, j] for j in ranks),
                  "src_weights": tuple(srcs[j] for j in ranks),
@@ -281,7 +328,7 @@ def win_update(leaves: list, treedef: Any, args: _args.WinUpdate) -> list:
                else window.spec.src_weights[rank])
     srcs = _sources(window, args.src, default, args.what)
     ranks = sorted(srcs)
-    return P.win_update_p.bind(
+    return win_update_p.bind(
         *leaves, win_id=window.id,
         self_weight=_self_weight(args.self_weight, window.spec.self_weight[rank], args.what),
         src_regions=tuple(window.region[rank, j] for j in ranks),
@@ -297,13 +344,13 @@ def _state(window: _Window) -> tuple[dict[int, Any], Any]:
     sources = sorted((int(j) for j in np.flatnonzero(window.spec.sources[rank])),
                      key=lambda j: window.region[rank, j])
     if _jax_compat.at_top_level():
-        P.wait_for_dispatched()
+        _sync_primitives.wait_for_dispatched()
         versions = np.zeros(max(len(sources), 1), np.int64)
         weight = ctypes.c_double()
         _call(ffi.library().jaxfog_win_query, window.id, versions.ctypes.data,
               ctypes.byref(weight))
         return {j: int(versions[k]) for k, j in enumerate(sources)}, weight.value
-    versions, weight = P.win_state_p.bind(win_id=window.id, slots=len(sources))
+    versions, weight = win_state_p.bind(win_id=window.id, slots=len(sources))
     return {j: versions[k] for k, j in enumerate(sources)}, weight
 
 
@@ -331,12 +378,12 @@ def win_mutex(name: str, ranks: Any) -> Iterator[None]:
             raise ValueError(f"win_mutex: {r!r} is not a rank in [0, {size})")
     held = np.array(sorted({int(r) for r in ranks}), np.int64)
     lib = ffi.library()
-    P.wait_for_dispatched()
+    _sync_primitives.wait_for_dispatched()
     _call(lib.jaxfog_win_mutex, window.id, held.ctypes.data, held.size, 1)
     try:
         yield
     finally:
-        P.wait_for_dispatched()  # what ran under the mutex has finished
+        _sync_primitives.wait_for_dispatched()  # what ran under the mutex has finished
         _call(lib.jaxfog_win_mutex, window.id, held.ctypes.data, held.size, 0)
 
 

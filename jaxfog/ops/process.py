@@ -8,7 +8,7 @@ import numpy as np
 
 from jaxfog import ffi, runtime
 from jaxfog.ops import _dispatch
-from jaxfog.ops import _backend_primitives as P
+from jaxfog.ops import _sync_primitives
 from jaxfog.ops._backends import Op
 from jaxfog.ops._primitive_machinery import target
 from jaxfog.simulation import _clock
@@ -36,7 +36,7 @@ def comm_size() -> jax.Array:
 
 # Simulated agents run in lockstep: only their clocks wait.
 BARRIER = Op("barrier", simulated=lambda sim, leaves, treedef, args: _clock.synchronize(),
-             mpi_run=lambda leaves, treedef, args: P.barrier_p.bind(
+             mpi_run=lambda leaves, treedef, args: _sync_primitives.barrier_p.bind(
                  comm_id=runtime.WORLD_COMM_ID))
 
 

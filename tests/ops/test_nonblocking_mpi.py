@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import pytest
 from mpi_harness import mpi_test
+from reference import rank_setup
 
 pytestmark = pytest.mark.jax_internals
-
-
-def _setup(seed: int = 0, shape=(6,)):
-    from reference import rank_setup
-
-    return rank_setup(seed, shape)
 
 
 @mpi_test((2, 5), x64=True)
@@ -25,7 +20,7 @@ def test_every_nonblocking_op_gives_the_blocking_value():
 
     import jaxfog.topology as T
 
-    jf, r, n, X = _setup()
+    jf, r, n, X = rank_setup(shape=(6,))
     topo = T.exponential(n)
     jf.set_topology(topo)
     W = topo.weights
@@ -81,7 +76,7 @@ def test_handles_cross_jit_calls_and_scan_carries():
 
     import jaxfog.topology as T
 
-    jf, r, n, X = _setup(seed=1)
+    jf, r, n, X = rank_setup(seed=1, shape=(6,))
     topo = T.ring(n)
     jf.set_topology(topo)
     W = topo.weights
@@ -125,7 +120,7 @@ def test_inputs_donated_at_start_and_waits_in_any_order():
     import jax.numpy as jnp
     import numpy as np
 
-    jf, r, n, X = _setup(seed=2, shape=(1 << 16,))  # 512 KiB: the thread moves it
+    jf, r, n, X = rank_setup(seed=2, shape=(1 << 16,))  # 512 KiB: the thread moves it
     x = jnp.asarray(X[r])
     first = jax.jit(lambda x: jf.allreduce_nonblocking(x, "sum"))(x)
     # The next computation takes x's buffer over and overwrites it at once:
@@ -154,7 +149,7 @@ def test_gradients_through_start_and_wait_equal_the_blocking_ops():
     import jax.numpy as jnp
     import numpy as np
 
-    jf, r, n, X = _setup(seed=3)
+    jf, r, n, X = rank_setup(seed=3, shape=(6,))
     x = jnp.asarray(X[r])
     push = dict(self_weight=0.4, src_weights={(r - 1) % n: 0.6}, dst_weights={(r + 1) % n: 0.5})
     pairs = [
@@ -213,7 +208,7 @@ def test_misuse_gets_a_clear_error():
 
     from jaxfog.errors import HandleError
 
-    jf, r, n, X = _setup(seed=4)
+    jf, r, n, X = rank_setup(seed=4, shape=(6,))
     x = jnp.asarray(X[r])
     handle = jf.allreduce_nonblocking(x)
     jf.wait(handle)
@@ -254,7 +249,7 @@ def test_window_ops_nonblocking():
 
     import jaxfog.topology as T
 
-    jf, r, n, X = _setup(seed=5, shape=(4,))
+    jf, r, n, X = rank_setup(seed=5, shape=(4,))
     jf.set_topology(T.ring(n, style=2))  # r sends to r + 1
     left, right = (r - 1) % n, (r + 1) % n
     x = jnp.asarray(X[r])
@@ -290,7 +285,7 @@ def test_a_start_returns_before_its_peer_arrives():
     import jax.numpy as jnp
     import numpy as np
 
-    jf, r, n, X = _setup(seed=6, shape=(3,))
+    jf, r, n, X = rank_setup(seed=6, shape=(3,))
     jf.set_comm_thread_min_bytes(1 << 20)  # 24 bytes would run inline if blocking
     x = jnp.asarray(X[r])
     jf.wait(jf.allreduce_nonblocking(x))  # compiled and warm on both ranks
@@ -320,7 +315,7 @@ def test_a_late_peer_hides_behind_compute():
     import jax.numpy as jnp
     import numpy as np
 
-    jf, r, n, X = _setup(seed=8, shape=(1 << 19,))  # float64: 4 MB
+    jf, r, n, X = rank_setup(seed=8, shape=(1 << 19,))  # float64: 4 MB
     jf.set_comm_thread_min_bytes(0)  # the blocking op in one step on the communication thread too
     late = 1.0
     x = jnp.asarray(X[r])

@@ -5,12 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mpi_harness import mpi_test
-
-
-def _setup():
-    from reference import rank_setup
-
-    return rank_setup()[:3]
+from reference import rank_setup
 
 
 @mpi_test(nprocs=(2, 3), x64=True)
@@ -20,7 +15,7 @@ def test_argument_errors_raise_at_trace_time():
 
     import jaxfog.topology as T
 
-    jf, r, n = _setup()
+    jf, r, n, _ = rank_setup()
     x = jnp.ones(4)
     other = (r + 1) % n
     cases = [
@@ -87,7 +82,7 @@ def test_argument_errors_raise_at_trace_time():
 def test_check_topology_names_the_mismatched_ranks():
     import jax.numpy as jnp
 
-    jf, r, n = _setup()
+    jf, r, n, _ = rank_setup()
     x = jnp.ones(4)
     # Rank 0 sends to rank 1, which does not expect it.
     dst = [1] if r == 0 else []
@@ -108,7 +103,7 @@ def test_missing_sender_times_out_naming_the_peer():
 
     import jax.numpy as jnp
 
-    jf, r, n = _setup()
+    jf, r, n, _ = rank_setup()
     # Rank 1 waits for rank 0, which sends nothing: an error within the timeout.
     src = {0: 0.5} if r == 1 else {}
     start = time.monotonic()
@@ -144,7 +139,7 @@ def test_the_launchers_notice_that_a_process_died_does_not_kill_a_rank():
     # Hydra (with -disable-auto-cleanup) sends SIGUSR1 to every process of the
     # job when one dies; jaxfog catches it and asks MPI which died. Here none
     # did: the rank lives on and its ops go on.
-    jf, r, n = _setup()
+    jf, r, n, _ = rank_setup()
     os.kill(os.getpid(), signal.SIGUSR1)
     y = jf.allreduce(jnp.full(3, float(r)), op="sum")
     assert float(y[0]) == sum(range(n))
@@ -157,7 +152,7 @@ def test_the_launchers_notice_that_a_process_died_does_not_kill_a_rank():
 def test_shape_dtype_and_op_order_differences_are_reported():
     import jax.numpy as jnp
 
-    jf, r, n = _setup()
+    jf, r, n, _ = rank_setup()
     # Shapes differ between ranks: every rank that receives a wrong size says so.
     x = jnp.ones(4 if r == 0 else 5)
     with pytest.raises(Exception, match="shapes or dtypes differ between ranks"):
@@ -212,7 +207,7 @@ def test_layout_mismatches_name_the_odd_rank_and_show_both_layouts():
 
     import jaxfog.topology as T
 
-    jf, r, n = _setup()
+    jf, r, n, _ = rank_setup()
     jf.set_topology(T.ring(n))  # rank i hears from i - 1 and i + 1
     odd = 1
 
@@ -266,7 +261,7 @@ def test_messages_larger_than_one_mpi_message_travel_in_pieces():
 
     from reference import global_values
 
-    jf, r, n = _setup()
+    jf, r, n, _ = rank_setup()
     X = global_values(n, (1001,))  # 8008 bytes: 9 pieces of <= 1000 bytes
     W = jf.load_topology().weights
     np.testing.assert_allclose(jf.neighbor_allreduce(X[r]), (W @ X)[r], rtol=1e-13,

@@ -8,14 +8,9 @@ from __future__ import annotations
 
 import pytest
 from mpi_harness import mpi_test
+from reference import rank_setup
 
 pytestmark = pytest.mark.jax_internals
-
-
-def _setup(seed: int = 0, shape=(7,)):
-    from reference import rank_setup
-
-    return rank_setup(seed, shape)
 
 
 @mpi_test(x64=True)
@@ -26,7 +21,7 @@ def test_static_topologies_match_w_at_x():
 
     import jaxfog.topology as T
 
-    jf, r, n, X = _setup()
+    jf, r, n, X = rank_setup()
     graphs = [T.exponential(n), T.ring(n), T.ring(n, style=1), T.star(n, center=n - 1),
               T.mesh_grid_2d(n), T.fully_connected(n), T.symmetric_exponential(n),
               T.from_weights(np.random.default_rng(5).uniform(0, 1, (n, n)))]
@@ -51,7 +46,7 @@ def test_local_view_forms():
     import jaxfog.topology as T
     from reference import local_view_matrix, random_push_pull
 
-    jf, r, n, X = _setup()
+    jf, r, n, X = rank_setup()
     topo = T.exponential(n)
     jf.set_topology(topo)
     ins, outs = topo.in_neighbors(r), topo.out_neighbors(r)
@@ -94,7 +89,7 @@ def test_scheduled_under_control_flow_compiles_once():
 
     import jaxfog.topology as T
 
-    jf, r, n, X = _setup()
+    jf, r, n, X = rank_setup()
     for schedule in (T.one_peer_exponential(n), T.one_peer(T.ring(n)),
                      T.inner_outer_ring(n, 1 if n % 2 else 2)):
         def product(steps, start=0):
@@ -152,7 +147,7 @@ def test_pytrees_dtypes_scalars_and_empty():
     import jax.numpy as jnp
     import numpy as np
 
-    jf, r, n, X = _setup(shape=(5,))
+    jf, r, n, X = rank_setup(shape=(5,))
     W = jf.load_topology().weights
     Y = W @ X
     tree = {
@@ -196,7 +191,7 @@ def test_large_messages_are_summed_piece_by_piece():
     import jaxfog.topology as T
     from reference import global_values
 
-    jf, r, n, _ = _setup()
+    jf, r, n, _ = rank_setup()
     X = global_values(n, (300_007,), seed=11)
     W = np.random.default_rng(3).uniform(0.1, 1.0, (n, n))
     ints = (X * 1000).astype(np.int64)
@@ -239,7 +234,7 @@ def test_collectives():
     import jax.numpy as jnp
     import numpy as np
 
-    jf, r, n, X = _setup(shape=(3, 4))
+    jf, r, n, X = rank_setup(shape=(3, 4))
     x = jnp.asarray(X[r])
     for fn in (lambda f: f, jax.jit):
         np.testing.assert_allclose(fn(jf.allreduce)(x), X.mean(0), rtol=1e-13)
@@ -280,7 +275,7 @@ def test_differentiation_matches_w_transpose():
     import jaxfog.topology as T
     from reference import local_view_matrix, random_push_pull
 
-    jf, r, n, X = _setup()
+    jf, r, n, X = rank_setup()
     C = np.cos(np.arange(n * 7).reshape(n, 7))  # rank r's loss: sum(c_r * y_r**2)
 
     def check(avg, W, what):
@@ -334,7 +329,7 @@ def test_vmap_batches_in_one_call():
     import jax.numpy as jnp
     import numpy as np
 
-    jf, r, n, X = _setup(shape=(3, 5))
+    jf, r, n, X = rank_setup(shape=(3, 5))
     W = jf.load_topology().weights
     batch = jnp.asarray(X[r])  # batch of 3 vectors of 5
     out = jax.vmap(jf.neighbor_allreduce)(batch)
@@ -365,7 +360,7 @@ def test_hierarchical_with_faked_machines():
 
     import jaxfog.topology as T
 
-    jf, r, n, X = _setup()
+    jf, r, n, X = rank_setup()
     machines = n // 2
     means = X.reshape(machines, 2, -1).mean(1)
     for machine_topo in (T.exponential(machines), T.ring(machines, style=1)):
@@ -390,7 +385,7 @@ def test_jitted_functions_follow_set_topology():
 
     import jaxfog.topology as T
 
-    jf, r, n, X = _setup()
+    jf, r, n, X = rank_setup()
     avg = jax.jit(jf.neighbor_allreduce)
     for topo in (T.ring(n), T.star(n), T.ring(n)):
         jf.set_topology(topo)

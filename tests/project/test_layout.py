@@ -32,7 +32,7 @@ LAYERS = [
     ("what the ops share: arguments, plans, numerics, the primitives' machinery, the MPI call",
      ["jaxfog.ops._jax_compat", "jaxfog.ops._plan", "jaxfog.ops._args", "jaxfog.ops._numerics",
       "jaxfog.ops._window_spec", "jaxfog.ops._primitive_machinery", "jaxfog.ops.jit",
-      "jaxfog.ops._nccl", "jaxfog.ops._backend_primitives", "jaxfog.ops._call"]),
+      "jaxfog.ops._nccl", "jaxfog.ops._sync_primitives", "jaxfog.ops._call"]),
     ("the rules ops share on each backend; the backend protocol, the backends, the choice",
      ["jaxfog.ops._windows_mpi", "jaxfog.simulation._clock", "jaxfog.simulation._tiled",
       "jaxfog.simulation._mixing", "jaxfog.simulation._windows", "jaxfog.ops._backends",

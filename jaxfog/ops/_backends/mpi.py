@@ -14,13 +14,13 @@ from typing import Any
 
 from jaxfog import ffi, runtime
 from jaxfog.errors import JaxfogTimeoutError
-from jaxfog.ops import _backend_primitives as P
+from jaxfog.ops import _sync_primitives
 from jaxfog.ops import _call, _windows_mpi
 from jaxfog.ops._call import CallHandle
 
 
 def _barrier() -> None:
-    P.barrier_p.bind(comm_id=runtime.WORLD_COMM_ID)
+    _sync_primitives.barrier_p.bind(comm_id=runtime.WORLD_COMM_ID)
 
 
 class MpiOps:
