@@ -76,10 +76,13 @@ churn on one machine, and the oracle the MPI tests compare with.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
 import socket
+import tempfile
 import threading
 import time
 import warnings
@@ -91,6 +94,7 @@ import numpy as np
 from jaxfog import runtime
 from jaxfog import _validate as V
 from jaxfog.errors import JaxfogError, MembershipChange
+from jaxfog.ops import _jax_compat
 from jaxfog.ops.nonblocking import Handle
 from jaxfog.optax import _common
 from jaxfog.optax.compressed import BeerState, ChocoState
@@ -897,6 +901,26 @@ def _arrive(ip: _InPlace) -> _Resume:
     return _Resume(step, arrays, members, copied)
 
 
+def _cache_compiled_programs() -> None:
+    """Keeps every program this process compiles in JAX's persistent
+    compilation cache (a folder of its own, removed at exit), unless the user
+    or ``jaxfog run --max-restarts`` chose one.
+
+    After a recovery in place every jitted function traces again (the ranks
+    changed), and each program that is the same for the new size is loaded
+    instead of compiled: the eager ops of the model's set-up, and the whole
+    step of gradient allreduce or DiLoCo when its shapes do not depend on the
+    number of ranks (their exchanges' programs do not).
+    """
+    if jax.config.jax_compilation_cache_dir:
+        return
+    folder = tempfile.mkdtemp(prefix="jaxfog-compiled-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    # A JAX without the touchpoint is named by tests/ops/test_jax_compat.py;
+    # the run goes on, compiling again after a recovery.
+    _jax_compat.use_compilation_cache(folder)
+
+
 def run(program: Callable[[int], Any], *, max_failures: int = 1, keep: int = 3) -> Any:
     """Runs ``program(jaxfog.size())``, recovering in place when ranks fail.
 
@@ -938,6 +962,7 @@ def run(program: Callable[[int], Any], *, max_failures: int = 1, keep: int = 3) 
         return program(runtime.size())
     if _in_place is not None or _churn is not None:
         raise JaxfogError("jaxfog.elastic.run: already running (it does not nest)")
+    _cache_compiled_programs()
     ip = _in_place = _InPlace(keep)
     failures = 0
     try:

@@ -125,6 +125,26 @@ def set_trace_context_int(state: Any, name: str, value: int) -> None:
         jax.config.update(name, value)
 
 
+# --- the persistent compilation cache -----------------------------------------
+
+
+@_touchpoint
+def use_compilation_cache(folder: str) -> None:
+    """Keeps every program this process compiles from now on in JAX's
+    persistent compilation cache in ``folder``, and looks there before
+    compiling, whatever its compile time.
+
+    JAX decides whether it uses the cache once, at its first compile: the
+    private ``reset_cache`` makes it decide again, so that this works after
+    programs were compiled.
+    """
+    from jax._src import compilation_cache
+
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    compilation_cache.reset_cache()
+
+
 # --- plain jax.jit, AOT, ordered effects ------------------------------------
 
 

@@ -62,6 +62,7 @@ def _quadratic_program(method, steps=400, every=10):
         topology = T.exponential(n)
         optimizer = {"gradient_tracking": lambda: jfo.gradient_tracking(0.2, topology=topology),
                      "exact_diffusion": lambda: jfo.exact_diffusion(0.2, topology=topology),
+                     "gradient_allreduce": lambda: jfo.gradient_allreduce(optax.sgd(0.2)),
                      "atc": lambda: jfo.atc(optax.sgd(0.2), topology=topology)}[method]()
         targets = agents.data(lambda r: np.array([r, r * r], np.float32) / n)
 

@@ -151,6 +151,43 @@ def test_keep_when_unused():
     assert pe.dce_jaxpr(jaxpr, [False])[0].eqns
 
 
+_USES_THE_CACHE = """
+import sys
+import jax, jax.numpy as jnp
+from jaxfog.ops import _jax_compat
+
+events = []
+jax.monitoring.register_event_listener(lambda event, **_: events.append(event))
+jax.jit(lambda x: x * 3)(jnp.ones(2)).block_until_ready()  # before: JAX decides here
+_jax_compat.use_compilation_cache(sys.argv[1])
+assert "use_compilation_cache" not in _jax_compat.BROKEN, _jax_compat.BROKEN
+jax.jit(lambda x: jnp.sin(x) + 1)(jnp.ones(5)).block_until_ready()
+print(events.count("/jax/compilation_cache/cache_hits"))
+"""
+
+
+def test_use_compilation_cache_works_after_a_compile(tmp_path):
+    """The program compiled after the switch is written to the folder (JAX
+    had decided against a cache at the first compile), and a second process
+    loads it from there."""
+    import subprocess
+    import sys
+
+    from jaxfog.testing import launch_environment
+
+    env = launch_environment()
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the suite's
+    env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
+    hits = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _USES_THE_CACHE, str(tmp_path)], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        hits.append(int(done.stdout.split()[-1]))
+    assert list(tmp_path.iterdir())
+    assert hits[0] == 0 and hits[1] >= 1, hits  # sin + 1, and jnp.ones(5) eagerly
+
+
 def test_private_jax_is_reached_from_this_module_only():
     from pathlib import Path
 
