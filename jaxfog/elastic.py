@@ -912,7 +912,7 @@ def _cache_compiled_programs() -> None:
     step of gradient allreduce or DiLoCo when its shapes do not depend on the
     number of ranks (their exchanges' programs do not).
     """
-    if jax.config.jax_compilation_cache_dir:
+    if getattr(jax.config, "jax_compilation_cache_dir", None):  # set by the user or jaxfog run
         return
     folder = tempfile.mkdtemp(prefix="jaxfog-compiled-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
