@@ -132,9 +132,12 @@ def run_one(cluster, method: str, scenario: str, steps: int, every: int, pace: f
         done = max((s for _, s, _, _ in _log_steps(log)), default=0)
         if killed is None and done >= steps // 3:
             if scenario in ("rank killed", IN_PLACE, IN_PLACE_BACK):
+                pids = _rank_pids(cluster, 3)
+                if not pids:  # not seen this time (/proc read mid-change): look again
+                    continue
                 if scenario == IN_PLACE_BACK:
                     state.write_text("\n".join(f"{n}:1" for n in names[:3]) + "\n")
-                for pid in _rank_pids(cluster, 3):
+                for pid in pids:
                     os.kill(pid, signal.SIGKILL)
             else:
                 state.write_text("\n".join(f"{n}:1" for n in names[:3]) + "\n")
