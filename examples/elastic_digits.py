@@ -108,8 +108,11 @@ def main(simulated: int = 4, method: str = "atc", steps: int = 60, every: int = 
     n = agents.size
     optimizer = optimizer_for(method, n)
     model = MLP()
-    params0 = model.init(jax.random.key(0), jnp.zeros((1, 64), jnp.float32))
+    # Jitted: one program, where eager Flax is dozens (each loaded again after a
+    # recovery in place, when JAX's in-memory caches are emptied).
+    params0 = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 64), jnp.float32))
     shards, (test_x, test_y) = data(n)
+    accuracy_of = jax.jit(lambda p: (model.apply(p, test_x).argmax(-1) == test_y).mean())
 
     def loss_fn(params, x, y):
         logits = model.apply(params, x)
@@ -149,13 +152,13 @@ def main(simulated: int = 4, method: str = "atc", steps: int = 60, every: int = 
                                        or step == state.resumed.step and (
                                            life or je.joins())):
             mine = jax.tree.map(lambda p: p[0], state.params) if agents.simulated else state.params
-            hits = float((model.apply(mine, test_x).argmax(-1) == test_y).mean())
+            hits = float(accuracy_of(mine))
             with open(log, "a") as f:
                 f.write(f"{time.time():.3f} {state.step} {life} {hits:.4f}\n")
 
     everyone = agents.gather(state.params)  # every agent's parameters, stacked
     mean = jax.tree.map(lambda p: p.mean(0), everyone)
-    accuracy = float((model.apply(mean, test_x).argmax(-1) == test_y).mean())
+    accuracy = float(accuracy_of(mean))
     if agents.is_root:
         print(f"{method}: {n} agents, resumed at step {state.resumed.step}, "
               f"test accuracy {accuracy:.3f}")
