@@ -6,9 +6,9 @@ handler); the data-moving ops are the FFI primitives ``win_put``,
 ``win_accumulate``, ``win_get`` and ``win_update``, ordered with every other
 op on the rank and defined here (only MPI binds them); the mutex, versions
 and weight are read through the C API after the dispatched ops have
-finished. Each function is the MPI rule of its
-op's record (``jaxfog.ops.window``); AD-PSGD's shared models, which the MPI
-backend serves, are built on them at the end.
+finished. Each function is the MPI rule of its op's record
+(``jaxfog.ops.window``); AD-PSGD's shared models, which the MPI backend
+serves, are built on them at the end.
 """
 
 from __future__ import annotations

@@ -72,6 +72,8 @@ Weights = Mapping[int, float] | Sequence[int] | Any  # a dict, a list of ranks o
 # C API for what is collective or eager, a Call of its primitive for what moves
 # data) and on simulated agents (``jaxfog.simulation._windows``: the windows as
 # JAX references).
+
+
 def _without_data(name: str, simulated: Any, mpi: Any) -> Op:
     """The record of a window op without data, whose arguments are a tuple
     (the window's name, and more) that both rules take as they are."""
@@ -93,6 +95,7 @@ WIN_VERSION = _without_data("win_version", _windows_simulated.win_version,
                             _windows_mpi.win_version)
 WIN_WEIGHT = _without_data("win_weight", _windows_simulated.win_weight,
                            _windows_mpi.win_weight)
+
 
 def win_create(x: Any, name: str, *, zero_init: bool = False, with_weight: bool = False,
                src_ranks: Sequence[int] | None = None) -> bool:
