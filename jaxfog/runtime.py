@@ -500,10 +500,12 @@ def _shutdown(at_exit: bool) -> None:
         sys.stderr.flush()
         os._exit(_exit_status_after_shrink)
     if survivors_met:
-        lib.jaxfog_bound_exit(_EXIT_BOUND_AFTER_SHRINK_SECONDS, _exit_status_after_shrink)
+        # Armed even if no op of this rank failed: it may have learnt of the
+        # failure from a revoked communicator (in an mpi4py call, or between ops).
+        lib.jaxfog_bound_exit(_EXIT_BOUND_AFTER_SHRINK_SECONDS, _exit_status_after_shrink, 1)
     elif at_exit:
         lib.jaxfog_bound_exit(max(state.timeout, _EXIT_BOUND_AFTER_FAILURE_SECONDS)
-                              if state.timeout > 0 else 0, 1)
+                              if state.timeout > 0 else 0, 1, 0)
 
 
 def _meet_at_exit(comm) -> bool:

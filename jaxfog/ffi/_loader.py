@@ -144,6 +144,11 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_register_mpi_comm.restype = ctypes.c_int
     lib.jaxfog_release_comm.argtypes = [ctypes.c_int64]
     lib.jaxfog_release_comm.restype = ctypes.c_int
+    f64s = i64s = ctypes.c_void_p
+    lib.jaxfog_define_plan.argtypes = [ctypes.c_int64, f64s, ctypes.c_int64, i64s, i64s, f64s,
+                                       ctypes.c_int64, i64s, i64s, f64s, ctypes.c_char_p,
+                                       ctypes.c_int]
+    lib.jaxfog_define_plan.restype = ctypes.c_int64
     lib.jaxfog_keep_freed_memory.argtypes = [ctypes.c_int64]
     lib.jaxfog_keep_freed_memory.restype = ctypes.c_int
     lib.jaxfog_set_comm_thread_min_bytes.argtypes = [ctypes.c_int64]
@@ -195,7 +200,7 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_unwatch_peers.argtypes = err
     lib.jaxfog_catch_interrupts.argtypes = []
     lib.jaxfog_catch_interrupts.restype = ctypes.c_int
-    lib.jaxfog_bound_exit.argtypes = [ctypes.c_double, ctypes.c_int]
+    lib.jaxfog_bound_exit.argtypes = [ctypes.c_double, ctypes.c_int, ctypes.c_int]
     lib.jaxfog_bound_exit.restype = ctypes.c_int
     for function in (lib.jaxfog_watch_peers, lib.jaxfog_say_goodbye, lib.jaxfog_unwatch_peers):
         function.restype = ctypes.c_int

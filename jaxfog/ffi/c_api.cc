@@ -28,6 +28,7 @@
 #endif
 #include "ops.h"
 #include "peer_watch.h"
+#include "plan_table.h"
 #include "registry.h"
 #include "scratch.h"
 #include "staging.h"
@@ -94,6 +95,31 @@ __attribute__((visibility("default"))) int jaxfog_register_mpi_comm(int64_t id, 
   return 0;
 }
 
+// Defines a communication plan of neighbor_allreduce (plan_table.h): `period`
+// entries, `sends` and `receives` edges in all. Returns its id (>= 0), or -1
+// with the reason in `error`. At lowering, never on the hot path.
+__attribute__((visibility("default"))) int64_t jaxfog_define_plan(
+    int64_t period, const double* self_weights, int64_t sends, const int64_t* send_offsets,
+    const int64_t* send_ranks, const double* send_weights, int64_t receives,
+    const int64_t* recv_offsets, const int64_t* recv_ranks, const double* recv_weights, char* error,
+    int error_length) {
+  if (period < 0 || sends < 0 || receives < 0) {
+    Fail("jaxfog: malformed communication plan: a negative count", error, error_length);
+    return -1;
+  }
+  jaxfog::PlanTables plan{
+      {self_weights, self_weights + period},     {send_offsets, send_offsets + period + 1},
+      {send_ranks, send_ranks + sends},          {send_weights, send_weights + sends},
+      {recv_offsets, recv_offsets + period + 1}, {recv_ranks, recv_ranks + receives},
+      {recv_weights, recv_weights + receives}};
+  auto id = jaxfog::DefinePlan(std::move(plan));
+  if (id.has_error()) {
+    Fail(id.error().message(), error, error_length);
+    return -1;
+  }
+  return *id;
+}
+
 // Waits for communication still running on the communication thread, so
 // that the transport it uses is not released under it. Releasing the world
 // communicator (jaxfog.shutdown) also writes the timeline, if one records: by
@@ -103,6 +129,7 @@ __attribute__((visibility("default"))) int jaxfog_register_mpi_comm(int64_t id, 
 __attribute__((visibility("default"))) int jaxfog_release_comm(int64_t id) {
   jaxfog::CommThread::Global().Drain();
   if (id == 0) {
+    jaxfog::ForgetPlans();  // no program runs now; the next set-up's count from 0
     std::string error;
     if (!jaxfog::timeline::Flush(&error)) std::fprintf(stderr, "warning: %s\n", error.c_str());
   }
@@ -503,20 +530,24 @@ extern "C" __attribute__((visibility("default"))) int jaxfog_say_goodbye(int at_
   return said.success() ? 0 : Fail(said.message(), error, error_length);
 }
 
-// After an op of this process failed waiting for a peer, ends the process
-// with `status` if it still runs `seconds` from now (stuck in MPI_Finalize,
-// whose closing barrier a rank cut off by the network never joins; status 0
-// after a recovery in place, whose survivors met at exit before). A thread of
-// its own, as Python is finalizing by then. Returns whether it was armed.
-extern "C" __attribute__((visibility("default"))) int jaxfog_bound_exit(double seconds,
-                                                                        int status) {
-  if (!jaxfog::CommFailed() || seconds <= 0) return 0;
+// After an op of this process failed waiting for a peer, or after the job was
+// rebuilt in place (`after_recovery`: this rank may have seen the failure only
+// as a revoked communicator, with no op of its failing), ends the process with
+// `status` if it still runs `seconds` from now (stuck in MPI_Finalize, whose
+// closing barrier a rank cut off by the network never joins, and which Open
+// MPI 5.0.11 sometimes never ends after a shrink; status 0 after a recovery in
+// place, whose survivors met at exit before). A thread of its own, as Python
+// is finalizing by then. Returns whether it was armed.
+extern "C" __attribute__((visibility("default"))) int jaxfog_bound_exit(double seconds, int status,
+                                                                        int after_recovery) {
+  if (seconds <= 0 || (!after_recovery && !jaxfog::CommFailed())) return 0;
   std::thread([seconds, status] {
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
     const std::string line = "jaxfog: the exit (MPI_Finalize) still waits " +
-                             std::to_string(static_cast<int>(seconds)) + " s after a failed op" +
-                             (status == 0 ? ", and every survivor of the recovery had finished; "
-                                          : " (JAXFOG_TIMEOUT): a peer is unreachable; ") +
+                             std::to_string(static_cast<int>(seconds)) + " s" +
+                             (status == 0 ? " after a recovery, and every survivor had finished; "
+                                          : " after a failed op (JAXFOG_TIMEOUT): a peer is "
+                                            "unreachable; ") +
                              "ending this process with status " + std::to_string(status) + "\n";
     std::fputs(line.c_str(), stderr);
     std::fflush(stderr);

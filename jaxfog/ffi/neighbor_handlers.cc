@@ -10,6 +10,7 @@
 
 #include "handler.h"
 #include "kernels.h"
+#include "plan_table.h"
 
 namespace jaxfog {
 namespace {
@@ -37,30 +38,28 @@ struct Entry {
   std::vector<double> recv_weights;
 };
 
-ffi::ErrorOr<Entry> SelectEntry(int64_t step, F64s self_weights, I64s send_offsets, I64s send_ranks,
-                                F64s send_weights, I64s recv_offsets, I64s recv_ranks,
-                                F64s recv_weights, int size) {
-  const int64_t period = static_cast<int64_t>(self_weights.size());
-  auto bad = [](const std::string& what) {
-    return ffi::Unexpected<ffi::Error>(
-        ffi::Error::InvalidArgument("jaxfog: malformed communication plan: " + what));
-  };
-  if (period == 0 || send_offsets.size() != size_t(period + 1) ||
-      recv_offsets.size() != size_t(period + 1) || send_ranks.size() != send_weights.size() ||
-      recv_ranks.size() != recv_weights.size()) {
-    return bad("table sizes");
-  }
+ffi::ErrorOr<Entry> SelectEntry(int64_t step, const PlanTables& plan, int size) {
+  const int64_t period = static_cast<int64_t>(plan.self_weights.size());  // >= 1: DefinePlan
   const int64_t t = ((step % period) + period) % period;
-  Entry entry{self_weights[t], {}, {}, {}, {}};
-  for (int64_t i = send_offsets[t]; i < send_offsets[t + 1]; ++i) {
-    if (send_ranks[i] < 0 || send_ranks[i] >= size) return bad("send rank out of range");
-    entry.send_ranks.push_back(static_cast<int>(send_ranks[i]));
-    entry.send_weights.push_back(send_weights[i]);
+  Entry entry{plan.self_weights[t], {}, {}, {}, {}};
+  auto out_of_range = [size](const char* kind, int64_t rank) {
+    return ffi::Unexpected<ffi::Error>(ffi::Error::InvalidArgument(
+        std::string("jaxfog: the communication plan ") + kind + " rank " + std::to_string(rank) +
+        ", out of range for " + std::to_string(size) + " ranks"));
+  };
+  for (int64_t i = plan.send_offsets[t]; i < plan.send_offsets[t + 1]; ++i) {
+    if (plan.send_ranks[i] < 0 || plan.send_ranks[i] >= size) {
+      return out_of_range("sends to", plan.send_ranks[i]);
+    }
+    entry.send_ranks.push_back(static_cast<int>(plan.send_ranks[i]));
+    entry.send_weights.push_back(plan.send_weights[i]);
   }
-  for (int64_t i = recv_offsets[t]; i < recv_offsets[t + 1]; ++i) {
-    if (recv_ranks[i] < 0 || recv_ranks[i] >= size) return bad("receive rank out of range");
-    entry.recv_ranks.push_back(static_cast<int>(recv_ranks[i]));
-    entry.recv_weights.push_back(recv_weights[i]);
+  for (int64_t i = plan.recv_offsets[t]; i < plan.recv_offsets[t + 1]; ++i) {
+    if (plan.recv_ranks[i] < 0 || plan.recv_ranks[i] >= size) {
+      return out_of_range("receives from", plan.recv_ranks[i]);
+    }
+    entry.recv_ranks.push_back(static_cast<int>(plan.recv_ranks[i]));
+    entry.recv_weights.push_back(plan.recv_weights[i]);
   }
   return entry;
 }
@@ -168,17 +167,13 @@ ffi::Error NeighborAllreduce(Transport* transport, const OpInfo& info, const Ent
 }
 
 ffi::ErrorOr<Job> NeighborAllreduceJob(Staging* staging, int64_t comm_id, int64_t signature,
-                                       std::string_view layout, F64s self_weights,
-                                       I64s send_offsets, I64s send_ranks, F64s send_weights,
-                                       I64s recv_offsets, I64s recv_ranks, F64s recv_weights,
-                                       ffi::Token, ffi::BufferR0<ffi::S32> step,
-                                       ffi::RemainingArgs args, ffi::Result<ffi::Token>,
-                                       ffi::RemainingRets rets) {
+                                       std::string_view layout, int64_t plan_id, ffi::Token,
+                                       ffi::BufferR0<ffi::S32> step, ffi::RemainingArgs args,
+                                       ffi::Result<ffi::Token>, ffi::RemainingRets rets) {
   JAXFOG_ASSIGN_OR_RETURN(call, Decode(staging, comm_id, args, rets, OpCode::kNeighborAllreduce));
   JAXFOG_ASSIGN_OR_RETURN(at, InputScalar<int32_t>(staging, step.typed_data()));
-  JAXFOG_ASSIGN_OR_RETURN(
-      entry, SelectEntry(at, self_weights, send_offsets, send_ranks, send_weights, recv_offsets,
-                         recv_ranks, recv_weights, call.transport->size()));
+  JAXFOG_ASSIGN_OR_RETURN(plan, FindPlan(plan_id));
+  JAXFOG_ASSIGN_OR_RETURN(entry, SelectEntry(at, *plan, call.transport->size()));
   const OpInfo info = Info(OpCode::kNeighborAllreduce, signature, layout);
   return TracedJob(OpCode::kNeighborAllreduce, comm_id, call.transport, signature,
                    TotalBytes(call.in), [=](timeline::OpArgs* trace) {
@@ -278,13 +273,7 @@ template <>
 struct Handler<OpCode::kNeighborAllreduce> : OnCommThread<NeighborAllreduceJob> {
   static auto Bind() {
     return Keyed()
-        .Attr<F64s>("self_weights")
-        .Attr<I64s>("send_offsets")
-        .Attr<I64s>("send_ranks")
-        .Attr<F64s>("send_weights")
-        .Attr<I64s>("recv_offsets")
-        .Attr<I64s>("recv_ranks")
-        .Attr<F64s>("recv_weights")
+        .Attr<int64_t>("plan_id")
         .Arg<ffi::Token>()
         .Arg<ffi::BufferR0<ffi::S32>>()
         .RemainingArgs()

@@ -8,12 +8,14 @@ the weight it gives each. On rank i, one step computes
     out_i = self_weight * x_i + sum_{j in recv} recv_weight_j * send_weight_j(i) * x_j
 
 which is row i of ``W @ X`` for the plans built from a topology. Plans are
-hashable (static primitive parameters); their transpose is the adjoint:
+hashable (static primitive parameters), and a program names its plan by an
+id (:meth:`Plan.define`); their transpose is the adjoint:
 cotangents travel back along every edge with the same two weights.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import numbers
@@ -22,6 +24,7 @@ from typing import Any, Mapping, Sequence, cast
 import jax
 import numpy as np
 
+from jaxfog import ffi
 from jaxfog import topology as T
 
 Edges = tuple[tuple[int, float], ...]
@@ -43,17 +46,33 @@ class Plan:
         """The adjoint plan: every send becomes a receive with the same weight."""
         return Plan(self.self_weights, sends=self.recvs, recvs=self.sends)
 
-    def attributes(self) -> dict[str, np.ndarray]:
-        """The flat tables the C++ handler selects a step's entry from."""
-        def table(entries: Sequence[Edges], kind: str) -> dict[str, np.ndarray]:
+    def define(self) -> int:
+        """Defines this plan in the process's table of plans and returns its id,
+        the custom call's ``plan_id`` (``jaxfog/ffi/plan_table.h``).
+
+        A program names its plan rather than holding it, so that the same
+        step traced for another size (after a recovery in place) is the same
+        program, found in JAX's persistent compilation cache: the table is
+        emptied when jaxfog is set up again, and ids count from 0.
+        """
+        def table(entries: Sequence[Edges]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             offsets = np.cumsum([0] + [len(e) for e in entries]).astype(np.int64)
             ranks = np.array([r for e in entries for r, _ in e], dtype=np.int64)
             weights = np.array([w for e in entries for _, w in e], dtype=np.float64)
-            return {f"{kind}_offsets": offsets, f"{kind}_ranks": ranks,
-                    f"{kind}_weights": weights}
+            return offsets, ranks, weights
 
-        return {"self_weights": np.array(self.self_weights, dtype=np.float64),
-                **table(self.sends, "send"), **table(self.recvs, "recv")}
+        self_weights = np.array(self.self_weights, dtype=np.float64)
+        (send_offsets, send_ranks, send_weights), (recv_offsets, recv_ranks, recv_weights) = (
+            table(self.sends), table(self.recvs))
+        error = ctypes.create_string_buffer(1024)
+        plan_id = ffi.library().jaxfog_define_plan(
+            self.period, self_weights.ctypes.data, len(send_ranks), send_offsets.ctypes.data,
+            send_ranks.ctypes.data, send_weights.ctypes.data, len(recv_ranks),
+            recv_offsets.ctypes.data, recv_ranks.ctypes.data, recv_weights.ctypes.data, error,
+            len(error))
+        if plan_id < 0:
+            raise ValueError(error.value.decode())
+        return int(plan_id)
 
 
 def _entry_from_topology(topo: T.Topology, rank: int) -> tuple[float, Edges, Edges]:

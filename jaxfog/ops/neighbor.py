@@ -74,7 +74,7 @@ def _neighbor_allreduce_args(*, self_weight: Any, src_weights: Any, dst_weights:
 
 def _allreduce_attributes(avals_in, *, plan: _plan.Plan, comm_id: int) -> dict:
     return {"comm_id": comm_id, **message("neighbor_allreduce", avals_in[1:]),
-            **plan.attributes()}
+            "plan_id": plan.define()}
 
 
 # Operands: the step (an int32 scalar choosing the plan's entry), then the leaves.

@@ -93,15 +93,16 @@ def _simulated_quadratic(method: str, resume_step: int) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("method", ["gradient_tracking", "gradient_allreduce"])
+@pytest.mark.parametrize("method", ["gradient_tracking", "gradient_allreduce", "atc"])
 def test_survivors_recover_in_place_as_simulate_says(tmp_path, method):
     """The quadratic program on 3 ranks, rank 2 killed before a step: the
     survivors redo it on 2 ranks within ``RECOVERY_BOUND`` seconds of the kill
-    and end equal to the simulation. Gradient allreduce's step is the same
-    program on any number of ranks (its shapes do not depend on it, nor does
-    the exchange's program), so ``elastic.run``'s persistent compilation
-    cache gives it back after the shrink: loaded, not compiled (its first
-    step on 3 ranks, the control, compiled)."""
+    and end equal to the simulation. Each method's step is the same program on
+    any number of ranks (its shapes do not depend on it; an allreduce divides
+    by the size as it runs, and a neighbour average names its plan, the row
+    of W, by an id), so ``elastic.run``'s persistent compilation cache gives
+    it back after the shrink: loaded, not compiled (its first step on 3 ranks,
+    the control, compiled)."""
     why_not = openmpi_with_ulfm()
     if why_not:
         pytest.skip(why_not)
@@ -135,11 +136,10 @@ def test_survivors_recover_in_place_as_simulate_says(tmp_path, method):
           f"{time.monotonic() - start:.1f} s, rc {done.returncode}\n"
           + "\n".join(line for line in output.splitlines() if "jaxfog.elastic" in line))
     assert max(after) < RECOVERY_BOUND, after
-    if method == "gradient_allreduce":
-        for result in results.values():
-            first = {n: next(d for d in result["done"] if d[0] == n) for n in (3, 2)}
-            assert first[3][4] >= 1, first  # the control: compiled on 3 ranks
-            assert first[2][3] >= 1 and first[2][4] == 0, first  # loaded on 2
+    for result in results.values():
+        first = {n: next(d for d in result["done"] if d[0] == n) for n in (3, 2)}
+        assert first[3][4] >= 1, first  # the control: compiled on 3 ranks
+        assert first[2][3] >= 1 and first[2][4] == 0, first  # loaded on 2
     # The survivors meet at exit, so MPI_Finalize's rare wait after a shrink ends
     # the process with status 0 (runtime._EXIT_BOUND_AFTER_SHRINK_SECONDS).
     assert done.returncode == 0, output

@@ -156,7 +156,9 @@ def test_a_rank_killed_mid_step_recovers_in_place_under_openmpi_ulfm(netns_clust
     assert result.ok, result.report()
     said = re.search(r"rank\(s\) \[3\] failed; resumed in place at step (\d+) on 3 rank\(s\) "
                      r"\(members \[0, 1, 2\]; shrink ([\d.]+) s", result.output)
-    assert said and 20 <= int(said[1]) <= 25, result.output
+    # A survivor may be behind host 3 by the hops between them (atc one-peer
+    # waits for one peer a step; 2 hops at 4 ranks): the common step, >= 18.
+    assert said and 18 <= int(said[1]) <= 25, result.output
     assert "restart" not in result.output, result.output
     _assert_same(out, _simulated(4, {int(said[1]): {"leave": [3]}}))
 
@@ -194,7 +196,7 @@ def test_a_host_whose_rank_died_comes_back_under_openmpi_ulfm(netns_cluster_fact
                      output)
     back = re.search(r"resumed at step (\d+) on 4 rank\(s\) \(1 rank\(s\) copied from a "
                      r"neighbour; members changed\)", output)
-    assert left and back and 20 <= int(left[1]) <= 25 < int(back[1]), output
+    assert left and back and 18 <= int(left[1]) <= 25 < int(back[1]), output  # as above
     assert "the job stopped to take in new hosts" in output and "restart 1" not in output
     _assert_same(out, _simulated(4, {int(left[1]): {"leave": [3]},
                                      int(back[1]): {"join": 1}}))

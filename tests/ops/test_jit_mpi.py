@@ -145,3 +145,41 @@ def test_shutdown_right_after_async_dispatch():
 @mpi_test(nprocs=(2, 4), timeout=180, alone=True)
 def test_exit_right_after_async_dispatch():
     _dispatch_then_stop(explicit_shutdown=False)
+
+
+@mpi_test(nprocs=(3, 4), timeout=180)
+def test_a_program_names_its_plan_so_one_program_serves_every_graph():
+    """neighbor_allreduce's program names its plan (this rank's row of W) by an
+    id in the process's table, emptied when jaxfog is set up again: the same
+    step lowered for a ring and, after shutdown and init, for another graph is
+    the same program text, and each computes its own graph's W @ X (numpy).
+    A program compiled before the set-up fails clearly, naming the plan."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import pytest
+
+    import jaxfog as jf
+    import jaxfog.topology as T
+
+    X = np.arange(4 * 5, dtype=np.float32).reshape(4, 5) ** 1.5
+    texts = []
+    for graph in (T.ring, T.exponential, T.star):
+        jf.init()
+        r, n = jf.rank(), jf.size()
+        topology = graph(n)
+
+        def step(x, topology=topology):
+            return jf.neighbor_allreduce(jnp.sin(x), topology=topology) * 2.0
+
+        lowered = jax.jit(step).lower(X[r])
+        texts.append(lowered.as_text())
+        compiled = lowered.compile()
+        expected = (topology.weights @ np.sin(X[:n]))[r] * 2.0
+        np.testing.assert_allclose(compiled(X[r]), expected, rtol=1e-5)
+        jf.shutdown()
+    assert texts[0] == texts[1] == texts[2]
+    jf.init()
+    with pytest.raises(Exception, match="communication plan 0 is not defined"):
+        jax.block_until_ready(compiled(X[r]))
+    jf.barrier()
