@@ -18,6 +18,8 @@ these 2 shared cores). Exchanges:
 * ``mpi pair``, ``mpi shift``: the same through MPI_Sendrecv;
 * ``mpi one-peer``: MPI_Sendrecv on a one-peer exponential schedule (to rank +
   2^k, from rank - 2^k, k alternating: the peer changes every step);
+* ``mpi one-peer receipted``: the same, then an empty message back to the
+  sender, awaited before the next step (``JAXFOG_SEND_RECEIPTS``' pattern);
 * ``mpi allreduce``: MPI_Allreduce over the 4 ranks (gradient allreduce);
 * ``mpi iallreduce``: MPI_Iallreduce then MPI_Wait (the nonblocking form);
 * ``jaxfog allreduce``, ``jaxfog one-peer``: the jitted ops of gradient
@@ -33,7 +35,7 @@ allgather sends). Configurations: MPICH's default; its ring allreduce
 otherwise restarts a connection idle for one RTO in slow start); MPICH's
 progress thread off (``jaxfog run`` turns it on across hosts); UCX's TCP
 send buffers capped at 128 KB (about the shaper's queue); the ring with the
-progress thread off. Writes
+progress thread off; and that with ``JAXFOG_SEND_RECEIPTS=1``. Writes
 benchmarks/results/link_4hosts.{md,json}. Needs root (namespaces).
 """
 
@@ -68,6 +70,10 @@ CONFIGS = {
     "ring + no async progress": ({"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring",
                                            "MPIR_CVAR_IALLREDUCE_INTRA_ALGORITHM": "tsp_ring",
                                            "MPIR_CVAR_ASYNC_PROGRESS": "0"}, {}, True),
+    "ring + no async progress + receipts": ({"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring",
+                                             "MPIR_CVAR_IALLREDUCE_INTRA_ALGORITHM": "tsp_ring",
+                                             "MPIR_CVAR_ASYNC_PROGRESS": "0",
+                                             "JAXFOG_SEND_RECEIPTS": "1"}, {}, True),
 }
 PORT = 47011
 
@@ -190,6 +196,27 @@ def _one_peer(comm, x, y):
     return exchange
 
 
+def _one_peer_receipted(comm, x, y):
+    """As ``_one_peer``, then an empty receipt back to the sender (what
+    ``JAXFOG_SEND_RECEIPTS=1`` adds): the next step's flow, to another peer,
+    starts only once this one's data has arrived."""
+    import numpy as np
+
+    rank, n = comm.Get_rank(), comm.Get_size()
+    hops = [1 << k for k in range(max(1, (n - 1).bit_length()))]
+    step = [0]
+    empty_out, empty_in = np.zeros(0, np.uint8), np.zeros(0, np.uint8)
+
+    def exchange():
+        hop = hops[step[0] % len(hops)]
+        step[0] += 1
+        comm.Sendrecv(x, dest=(rank + hop) % n, recvbuf=y, source=(rank - hop) % n)
+        comm.Sendrecv(empty_out, dest=(rank - hop) % n, recvbuf=empty_in,
+                      source=(rank + hop) % n, sendtag=7, recvtag=7)
+
+    return exchange
+
+
 def _jaxfog_exchanges(count: int) -> dict:
     """jaxfog's own exchanges of ``count`` float32, jitted, as a training step
     makes them: the allreduce of gradient allreduce, a one-peer exponential
@@ -251,6 +278,7 @@ def rank_main(args) -> None:
         "mpi pair": lambda: comm.Sendrecv(x, dest=peer, recvbuf=y, source=peer),
         "mpi shift": _mpi_shift(comm, x, y),
         "mpi one-peer": _one_peer(comm, x, y),
+        "mpi one-peer receipted": _one_peer_receipted(comm, x, y),
         "mpi allreduce": lambda: comm.Allreduce(x, y),
         "mpi iallreduce": lambda: comm.Iallreduce(x, y).Wait(),
     }
@@ -395,7 +423,8 @@ def main() -> None:
         results = json.loads(OUT.with_suffix(".json").read_text())["results"]
     for rate in args.rates.split(","):
         for config in args.configs.split(","):
-            results.setdefault(rate, {})[config] = run_config(rate, *CONFIGS[config], args)
+            cells = results.setdefault(rate, {}).setdefault(config, {})
+            cells.update(run_config(rate, *CONFIGS[config], args))
             write(results, args.mb, args.reps)
 
 

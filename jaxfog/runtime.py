@@ -72,6 +72,12 @@ COMM_THREAD_MIN_BYTES_ENV = "JAXFOG_COMM_THREAD_MIN_BYTES"
 COMM_THREAD_MIN_BYTES = 1 << 16
 #: Its name until 0.1 (read when the new one is unset, with a FutureWarning).
 _OLD_COMM_THREAD_MIN_BYTES_ENV = "JAXFOG_ASYNC_MIN_BYTES"
+#: ``1``: an exchange ends only when every peer it sent to has received all of
+#: it (an empty receipt from each), so that the next exchange's flows do not
+#: start while this one's still drain from the network stack. For slow links
+#: with shallow queues, where the two would lose packets to each other; it
+#: costs a round trip of empty messages per exchange. The same on every rank.
+SEND_RECEIPTS_ENV = "JAXFOG_SEND_RECEIPTS"
 #: Bytes of freed memory the process keeps mapped instead of handing back to
 #: the kernel (glibc), so that XLA's fresh output buffers and MPI's temporaries
 #: reuse warm pages; ``0`` leaves malloc as it is.
@@ -223,6 +229,21 @@ def _max_message_from_env() -> int:
     if not text.isdigit() or not 1 <= int(text) < 2**31:
         raise ValueError(f"{MAX_MESSAGE_ENV}={text!r} must be an integer in [1, 2**31)")
     return int(text)
+
+
+def _send_receipts_from_env(comm) -> bool:
+    """JAXFOG_SEND_RECEIPTS, which every rank of ``comm`` must set alike: a
+    rank that awaits receipts from one that sends none would wait until
+    JAXFOG_TIMEOUT. Collective."""
+    text = os.environ.get(SEND_RECEIPTS_ENV, "").strip()
+    if text not in ("", "0", "1"):
+        raise ValueError(f"{SEND_RECEIPTS_ENV}={text!r} must be 1 (on) or 0 (off)")
+    everyone = comm.allgather(text == "1")
+    if len(set(everyone)) > 1:
+        on = [r for r, value in enumerate(everyone) if value]
+        raise ValueError(f"{SEND_RECEIPTS_ENV} must be the same on every rank: it is 1 on "
+                         f"ranks {on} only; export it to all (mpiexec -genv / -x)")
+    return everyone[0]
 
 
 def _comm_thread_min_bytes_from_env(local_size: int) -> int:
@@ -386,6 +407,7 @@ def _setup(lib, base) -> None:
             else:
                 comms[_nccl_setup.NCCL_COMM_ID] = checks
         lib.jaxfog_set_comm_thread_min_bytes(_comm_thread_min_bytes_from_env(local_size))
+        lib.jaxfog_set_send_receipts(_send_receipts_from_env(python_comm))
         keep = _bytes_from_env(KEEP_FREED_BYTES_ENV, KEEP_FREED_BYTES,
                                "leave malloc as it is")
         if keep:

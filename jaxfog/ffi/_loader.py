@@ -158,6 +158,8 @@ def library() -> ctypes.CDLL:
     lib.jaxfog_set_staging_keep_bytes.argtypes = [ctypes.c_int64]
     lib.jaxfog_set_staging_keep_bytes.restype = None
     lib.jaxfog_comm_thread_min_bytes.restype = ctypes.c_int64
+    lib.jaxfog_set_send_receipts.argtypes = [ctypes.c_int]
+    lib.jaxfog_set_send_receipts.restype = None
     lib.jaxfog_handle_done.argtypes = [ctypes.c_float]  # the handle id's float32
     lib.jaxfog_handle_done.restype = ctypes.c_int
     lib.jaxfog_handles_discard.argtypes = [ctypes.c_char_p, ctypes.c_int64]

@@ -190,6 +190,11 @@ __attribute__((visibility("default"))) void jaxfog_set_comm_thread_min_bytes(int
   jaxfog::CommThread::Global().set_inline_below(bytes);
 }
 
+// See jaxfog::SetSendReceipts (mpi_transport.h); the same on every rank.
+__attribute__((visibility("default"))) void jaxfog_set_send_receipts(int on) {
+  jaxfog::SetSendReceipts(on != 0);
+}
+
 __attribute__((visibility("default"))) int64_t jaxfog_comm_thread_min_bytes() {
   return jaxfog::CommThread::Global().inline_below();
 }

@@ -1,6 +1,7 @@
 #include "mpi_transport.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <functional>
 #include <memory>
@@ -20,6 +21,9 @@ namespace {
 
 constexpr int kHeaderTag = 1;
 constexpr int kDataTag = 2;
+constexpr int kReceiptTag = 3;
+
+std::atomic<bool> send_receipts{false};
 
 // MPI reduction ops for the 16-bit floats MPI has no type for (summed in float).
 void HalfSum(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -306,6 +310,9 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
       scope_, what, timed ? &data_done : nullptr,
       streaming ? StreamArrivals(*streaming, recv_first, chunk_bytes) : RequestSet::Finished()));
   if (streaming) JAXFOG_RETURN_IF_ERROR(streaming->arrived(Streaming::kAll));
+  if (with_data && send_receipts.load()) {
+    JAXFOG_RETURN_IF_ERROR(ExchangeReceipts(sends, recvs, what));
+  }
   if (!timed) return ffi::Error::Success();
   // One "wait <peer>" span per peer: from the end of posting until the last
   // message to or from it (header or data) completed.
@@ -325,6 +332,33 @@ ffi::Error MpiTransport::Messages(const OpInfo& info, const std::vector<SendSpec
   for (const auto& [peer, at] : peer_done) timeline::Record("wait", peer, posted, at);
   return ffi::Error::Success();
 }
+
+void SetSendReceipts(bool on) { send_receipts.store(on); }
+
+// Every peer this rank received from gets an empty message, and one is
+// awaited from every peer it sent to. Posted only once this rank's own data
+// has all arrived, so no rank waits in a cycle: a send's receipt comes when
+// its receiver's data is in, which depends on data alone.
+ffi::Error MpiTransport::ExchangeReceipts(const std::vector<SendSpec>& sends,
+                                          const std::vector<RecvSpec>& recvs,
+                                          const std::string& what) {
+  timeline::Span span("receipts");
+  RequestSet receipts;
+  for (const SendSpec& send : sends) {
+    JAXFOG_RETURN_IF_MPI_ERROR(
+        MPI_Irecv(nullptr, 0, MPI_BYTE, send.peer, kReceiptTag, comm_,
+                  receipts.Add("the receipt from rank " + std::to_string(send.peer), send.peer)),
+        what + ": MPI_Irecv of a receipt from rank " + std::to_string(send.peer));
+  }
+  for (const RecvSpec& recv : recvs) {
+    JAXFOG_RETURN_IF_MPI_ERROR(
+        MPI_Isend(nullptr, 0, MPI_BYTE, recv.peer, kReceiptTag, comm_,
+                  receipts.Add("the receipt to rank " + std::to_string(recv.peer), recv.peer)),
+        what + ": MPI_Isend of a receipt to rank " + std::to_string(recv.peer));
+  }
+  return receipts.WaitAll(scope_, what);
+}
+
 ffi::Error MpiTransport::Allreduce(const OpInfo& info, const void* in, void* out, size_t count,
                                    ffi::DataType type) {
   Begin(info.op);

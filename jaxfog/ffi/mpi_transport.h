@@ -17,6 +17,13 @@
 
 namespace jaxfog {
 
+// Whether an exchange ends only when every peer it sent to has received all
+// of it (an empty receipt from each, JAXFOG_SEND_RECEIPTS): MPI ends a send
+// once its data is handed to the network stack, so without receipts the next
+// exchange's flows start while the last one's still drain, and on a slow
+// link with a shallow queue the two lose packets to each other.
+void SetSendReceipts(bool on);
+
 class MpiTransport final : public Transport {
  public:
   // Does not take ownership: the runtime that duplicated `comm` frees it
@@ -58,6 +65,8 @@ class MpiTransport final : public Transport {
  private:
   MpiTransport(MPI_Comm comm, double timeout_seconds, size_t max_message_bytes,
                std::shared_ptr<PeerWatch> watch, int64_t comm_id);
+  ffi::Error ExchangeReceipts(const std::vector<SendSpec>& sends,
+                              const std::vector<RecvSpec>& recvs, const std::string& what);
   // The MPI calls construction needs (a constructor cannot fail).
   ffi::Error Init();
   // Counts the next op (its sequence number), which goodbyes report.

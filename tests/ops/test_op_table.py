@@ -23,7 +23,8 @@ C_API = {"jaxfog_register_mpi_comm", "jaxfog_release_comm", "jaxfog_timeline_sta
          "jaxfog_register_nccl_comm", "jaxfog_drop_nccl_comm", "jaxfog_cuda_device_uuid",
          "jaxfog_watch_peers", "jaxfog_say_goodbye", "jaxfog_unwatch_peers", "jaxfog_bound_exit",
          "jaxfog_set_staging_keep_bytes", "jaxfog_handle_done", "jaxfog_handles_discard",
-         "jaxfog_catch_interrupts", "jaxfog_define_plan"}
+         "jaxfog_catch_interrupts", "jaxfog_define_plan",
+         "jaxfog_set_send_receipts"}
 
 
 def handler_symbols() -> set[str]:

@@ -414,3 +414,77 @@ def test_ahead_of_time_compiled_calls_repeat():
         np.testing.assert_allclose(out["a"], np.full(3, k * mean), rtol=1e-6)
         np.testing.assert_allclose(out["b"], k * (np.arange(2.0) + mean), rtol=1e-6)
         np.testing.assert_allclose(jax.jit(jf.allreduce)(jnp.float32(r)), mean)
+
+
+@mpi_test(nprocs=(2, 4), timeout=180, env={"JAXFOG_SEND_RECEIPTS": "1"})
+def test_exchanges_with_send_receipts_equal_numpy():
+    """JAXFOG_SEND_RECEIPTS=1: every exchange also waits for an empty receipt
+    from each peer it sent to. A one-peer schedule (the peer changes every
+    step), a pytree of two leaves, large enough to be streamed, its gradient
+    (receipts both ways) and a neighbour allgather, jitted, against numpy; the
+    op timeline shows one receipts phase per exchange."""
+    import json
+    import os
+    import tempfile
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxfog as jf
+    import jaxfog.topology as T
+
+    folder = tempfile.mkdtemp()
+    os.environ["JAXFOG_TIMELINE"] = os.path.join(folder, "trace.json")
+    jf.init()
+    del os.environ["JAXFOG_TIMELINE"]
+    r, n = jf.rank(), jf.size()
+    schedule = T.one_peer_exponential(n)
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((n, 1 << 20)).astype(np.float32)  # 4 MiB: streamed
+    Y = rng.standard_normal((n, 3, 4)).astype(np.float32)
+
+    @jax.jit
+    def step(x, y, t):
+        mixed = jf.neighbor_allreduce({"x": x, "y": y}, topology=schedule, step=t)
+        grad = jax.grad(lambda x: jnp.sum(jf.neighbor_allreduce(
+            x, topology=schedule, step=t) ** 2))(x)
+        return mixed, grad, jf.neighbor_allgather(y[:2])
+
+    for t in range(4):
+        mixed, grad, gathered = step(X[r], Y[r], t)
+        W = schedule.at(t).weights
+        np.testing.assert_allclose(mixed["x"], (W @ X)[r], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(mixed["y"], np.einsum("j,jab->ab", W[r], Y), rtol=1e-5,
+                                   atol=1e-6)
+        np.testing.assert_allclose(grad, (W.T @ (2 * W @ X))[r], rtol=1e-4, atol=1e-5)
+        senders = T.exponential(n).in_neighbors(r)
+        np.testing.assert_array_equal(gathered, Y[senders, :2].reshape(-1, 4))
+    jf.shutdown()  # writes the timeline
+    with open(os.path.join(folder, f"trace.rank{r}.json")) as f:
+        events = json.load(f)["traceEvents"]
+    receipts = [e for e in events if e["ph"] == "X" and e["name"] == "receipts"]
+    assert len(receipts) == 4 * 4, len(receipts)  # 4 steps: mix, grad (forward, back), gather
+
+
+@mpi_test(nprocs=(2,), timeout=120)
+def test_send_receipts_set_on_some_ranks_only_is_refused_at_init():
+    import os
+
+    import pytest
+    from mpi4py import MPI
+
+    import jaxfog as jf
+
+    os.environ["JAXFOG_SEND_RECEIPTS"] = "1" if MPI.COMM_WORLD.Get_rank() == 0 else "0"
+    try:
+        with pytest.raises(ValueError, match=r"the same on every rank: it is 1 on ranks \[0\]"):
+            jf.init()
+        os.environ["JAXFOG_SEND_RECEIPTS"] = "yes"
+        with pytest.raises(ValueError, match="must be 1 .on. or 0 .off."):
+            jf.init()
+    finally:
+        del os.environ["JAXFOG_SEND_RECEIPTS"]
+    jf.init()
+    jf.barrier()
+    jf.shutdown()
