@@ -521,13 +521,14 @@ def _shutdown(at_exit: bool) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_exit_status_after_shrink)
+    # After a recovery the bound is armed even if no op of this rank failed: it
+    # may have learnt of a failure from a revoked communicator, or from the
+    # barrier above (in mpi4py calls, or between ops).
     if survivors_met:
-        # Armed even if no op of this rank failed: it may have learnt of the
-        # failure from a revoked communicator (in an mpi4py call, or between ops).
         lib.jaxfog_bound_exit(_EXIT_BOUND_AFTER_SHRINK_SECONDS, _exit_status_after_shrink, 1)
     elif at_exit:
         lib.jaxfog_bound_exit(max(state.timeout, _EXIT_BOUND_AFTER_FAILURE_SECONDS)
-                              if state.timeout > 0 else 0, 1, 0)
+                              if state.timeout > 0 else 0, 1, int(_shrunk))
 
 
 def _meet_at_exit(comm) -> bool:

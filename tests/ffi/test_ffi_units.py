@@ -247,6 +247,64 @@ def test_comm_thread_order_and_exceptions(tmp_path):
     assert out.strip() == "ok"
 
 
+PLAN_TABLE_TEST = r"""
+#include <cassert>
+#include <cstdio>
+#include <string>
+#include "plan_table.h"
+using jaxfog::PlanTables;
+
+std::string Refused(PlanTables plan) {
+  auto id = jaxfog::DefinePlan(plan);
+  return id.has_error() ? id.error().message() : "";
+}
+
+int main() {
+  // Two entries: step 0 sends to 1 and hears 2; step 1 sends to 2 and 3, hears 1.
+  const PlanTables a{{0.5, 0.25}, {0, 1, 3}, {1, 2, 3}, {1.0, 1.0, 1.0},
+                     {0, 1, 2}, {2, 1}, {0.5, 0.75}};
+  PlanTables b = a;
+  b.recv_weights[1] = 0.5;
+  assert(*jaxfog::DefinePlan(a) == 0);
+  assert(*jaxfog::DefinePlan(b) == 1);
+  assert(*jaxfog::DefinePlan(a) == 0);  // an equal plan keeps its id
+  assert((*jaxfog::FindPlan(1))->recv_weights == b.recv_weights);
+  PlanTables bad = a;
+  bad.self_weights.clear();
+  assert(Refused(bad).find("no entry") != std::string::npos);
+  bad = a;
+  bad.send_weights.pop_back();
+  assert(Refused(bad).find("ranks and weights of different lengths") != std::string::npos);
+  bad = a;
+  bad.send_offsets = {0, 3, 1};  // not increasing
+  assert(Refused(bad).find("offsets that do not cut") != std::string::npos);
+  bad = a;
+  bad.recv_offsets = {0, 1, 3};  // past the ranks
+  assert(Refused(bad).find("offsets that do not cut") != std::string::npos);
+  bad = a;
+  bad.recv_offsets = {0, 2};  // one entry short
+  assert(Refused(bad).find("offsets that do not cut") != std::string::npos);
+  jaxfog::ForgetPlans();
+  auto gone = jaxfog::FindPlan(0);
+  assert(gone.has_error());
+  assert(gone.error().message().find("plan 0 is not defined") != std::string::npos);
+  assert(jaxfog::FindPlan(-1).has_error());
+  assert(*jaxfog::DefinePlan(b) == 0);  // ids count from 0 again
+  std::puts("ok");
+  return 0;
+}
+"""
+
+
+def test_plan_table_ids_dedup_refusals_and_forgetting(tmp_path):
+    """The process's table of neighbour-averaging plans: an equal plan keeps
+    its id, a malformed one is refused saying why, and after ForgetPlans an id
+    is not found and ids count from 0 again."""
+    out = _build_and_run(tmp_path, PLAN_TABLE_TEST, "-UNDEBUG", "-isystem", _jaxlib_include(),
+                         str(FFI / "plan_table.cc"))
+    assert out.strip() == "ok"
+
+
 # --- the NCCL transport's logic, on the host ---------------------------------------------
 # NCCL and CUDA events are host stand-ins (a table each, as the transport
 # takes them); the MPI transport doing the header checks is real, on 2 ranks.
