@@ -15,6 +15,10 @@ these 2 shared cores). Exchanges:
   on these links);
 * ``tcp shift``: raw sockets, each rank sending to rank + 1 while receiving from
   rank - 1 (two connections: each one's acknowledgements travel alone);
+* ``tcp one-peer``: raw sockets on the one-peer exponential schedule below
+  (a connection set per hop, each idle while another carries a step);
+  ``tcp one-peer receipted``: the same, then a byte back to the sender once
+  its data is in, awaited before the next step (what receipts add);
 * ``mpi pair``, ``mpi shift``: the same through MPI_Sendrecv;
 * ``mpi one-peer``: MPI_Sendrecv on a one-peer exponential schedule (to rank +
   2^k, from rank - 2^k, k alternating: the peer changes every step);
@@ -35,13 +39,19 @@ allgather sends). Configurations: MPICH's default; its ring allreduce
 otherwise restarts a connection idle for one RTO in slow start); MPICH's
 progress thread off (``jaxfog run`` turns it on across hosts); UCX's TCP
 send buffers capped at 128 KB (about the shaper's queue); the ring with the
-progress thread off; and that with ``JAXFOG_SEND_RECEIPTS=1``. Writes
-benchmarks/results/link_4hosts.{md,json}. Needs root (namespaces).
+progress thread off; and that with ``JAXFOG_SEND_RECEIPTS=1``, with TCP
+congestion control cubic in place of the machine's (BBR here) and with slow
+start after idle off, alone and together. ``--rounds K`` runs the chosen
+configurations K times, interleaved, and tables each round. Writes
+benchmarks/results/link_4hosts.{md,json}. Needs root (namespaces; congestion
+control is set on the machine, as a namespace may not set it here, and set
+back after).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -59,6 +69,10 @@ HOSTS = 4
 GAPS = (("none", 0.0), ("busy 0.3 s", -0.3))
 #: configuration -> (environment of the launch, sysctls set on every host, whether
 #: jaxfog's own exchanges run too: in the configurations that matter)
+RING_NO_PROGRESS = {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring",
+                    "MPIR_CVAR_IALLREDUCE_INTRA_ALGORITHM": "tsp_ring",
+                    "MPIR_CVAR_ASYNC_PROGRESS": "0"}
+RECEIPTS = {**RING_NO_PROGRESS, "JAXFOG_SEND_RECEIPTS": "1"}
 CONFIGS = {
     "MPICH default": ({}, {}, True),
     "allreduce ring": ({"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring",
@@ -67,14 +81,23 @@ CONFIGS = {
     "no async progress": ({"MPIR_CVAR_ASYNC_PROGRESS": "0"}, {}, True),
     "send buffer 128k": ({"UCX_TCP_SNDBUF": "128k"}, {}, True),
     "rendezvous above 16k": ({"UCX_RNDV_THRESH": "16k"}, {}, True),
-    "ring + no async progress": ({"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring",
-                                           "MPIR_CVAR_IALLREDUCE_INTRA_ALGORITHM": "tsp_ring",
-                                           "MPIR_CVAR_ASYNC_PROGRESS": "0"}, {}, True),
-    "ring + no async progress + receipts": ({"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring",
-                                             "MPIR_CVAR_IALLREDUCE_INTRA_ALGORITHM": "tsp_ring",
-                                             "MPIR_CVAR_ASYNC_PROGRESS": "0",
-                                             "JAXFOG_SEND_RECEIPTS": "1"}, {}, True),
+    "ring + no async progress": (RING_NO_PROGRESS, {}, True),
+    "ring + no async progress + cubic": (
+        RING_NO_PROGRESS, {"net.ipv4.tcp_congestion_control": "cubic"}, True),
+    "ring + no async progress + cubic + no slow start after idle": (
+        RING_NO_PROGRESS, {"net.ipv4.tcp_congestion_control": "cubic",
+                           "net.ipv4.tcp_slow_start_after_idle": "0"}, True),
+    "ring + no async progress + receipts": (RECEIPTS, {}, True),
+    "receipts + no slow start after idle": (
+        RECEIPTS, {"net.ipv4.tcp_slow_start_after_idle": "0"}, True),
+    "receipts + cubic": (RECEIPTS, {"net.ipv4.tcp_congestion_control": "cubic"}, True),
+    "receipts + cubic + no slow start after idle": (
+        RECEIPTS, {"net.ipv4.tcp_congestion_control": "cubic",
+                   "net.ipv4.tcp_slow_start_after_idle": "0"}, True),
 }
+#: sysctls a namespace may not set here: set on the machine before the hosts are
+#: made (a namespace starts with the machine's), and set back after
+MACHINE_WIDE = ("net.ipv4.tcp_congestion_control",)
 PORT = 47011
 
 
@@ -143,11 +166,13 @@ def _connect(comm, sender: int, receiver: int, port: int) -> socket.socket | Non
     return conn
 
 
-def _tcp_exchange(comm, nbytes: int, hop: int, port: int):
+def _tcp_exchange(comm, nbytes: int, hop: int, port: int, receipt: bool = False):
     """A function sending ``nbytes`` to rank + ``hop`` while receiving as many
     from rank - ``hop``, over raw sockets (hop n/2: a pair on one connection,
     each end's data carrying its acknowledgements; else a ring shift on two,
-    the acknowledgements travelling alone behind the other direction's data)."""
+    the acknowledgements travelling alone behind the other direction's data);
+    with ``receipt``, one byte back to the sender once its data is all in,
+    awaited before the function returns."""
     rank, n = comm.Get_rank(), comm.Get_size()
     ends: dict[int, socket.socket] = {}
     for sender in range(n):
@@ -165,12 +190,32 @@ def _tcp_exchange(comm, nbytes: int, hop: int, port: int):
         got = 0
         while got < nbytes:
             got += inbox.recv_into(view[got:])
+        if receipt:
+            inbox.sendall(b"r")
 
     def exchange():
         reader = threading.Thread(target=receive)
         reader.start()
         out.sendall(payload)
-        reader.join()
+        reader.join()  # first: in a pair, the receipt follows the data on one socket
+        if receipt and not out.recv(1):
+            raise ConnectionError("the receiver closed before its receipt")
+
+    return exchange
+
+
+def _tcp_one_peer(comm, nbytes: int, port: int, receipt: bool = False):
+    """Raw sockets on the one-peer exponential schedule of ``_one_peer`` (one
+    connection set per hop, so each idles while the others carry a step)."""
+    n = comm.Get_size()
+    hops = [1 << k for k in range(max(1, (n - 1).bit_length()))]
+    by_hop = [_tcp_exchange(comm, nbytes, hop, port + 10 * k, receipt)
+              for k, hop in enumerate(hops)]
+    step = [0]
+
+    def exchange():
+        step[0] += 1
+        by_hop[step[0] % len(by_hop)]()
 
     return exchange
 
@@ -275,6 +320,8 @@ def rank_main(args) -> None:
     exchanges = {
         "tcp pair": _tcp_exchange(comm, x.nbytes, comm.Get_size() // 2, PORT),
         "tcp shift": _tcp_exchange(comm, x.nbytes, 1, PORT + 100),
+        "tcp one-peer": _tcp_one_peer(comm, x.nbytes, PORT + 200),
+        "tcp one-peer receipted": _tcp_one_peer(comm, x.nbytes, PORT + 300, receipt=True),
         "mpi pair": lambda: comm.Sendrecv(x, dest=peer, recvbuf=y, source=peer),
         "mpi shift": _mpi_shift(comm, x, y),
         "mpi one-peer": _one_peer(comm, x, y),
@@ -300,14 +347,32 @@ def rank_main(args) -> None:
 
 # --- the driver ------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _machine_sysctls(sysctls: dict):
+    """The machine-wide sysctls of a configuration, for the hosts made under it."""
+    saved = {key: subprocess.run(["sysctl", "-n", key], check=True, capture_output=True,
+                                 text=True).stdout.strip()
+             for key in sysctls if key in MACHINE_WIDE}
+    try:
+        for key in saved:
+            subprocess.run(["sysctl", "-qw", f"{key}={sysctls[key]}"], check=True)
+        yield
+    finally:
+        for key, value in saved.items():
+            subprocess.run(["sysctl", "-qw", f"{key}={value}"], check=True)
+
+
 def run_config(rate: str, env: dict, sysctls: dict, jaxfog: bool, args) -> dict:
     import tempfile
 
     from jaxfog.testing import launch_environment, run_command
     netns_cluster = script("netns_cluster")
-    with tempfile.TemporaryDirectory() as out, netns_cluster.Cluster(HOSTS, rate=rate) as cl:
+    with tempfile.TemporaryDirectory() as out, _machine_sysctls(sysctls), \
+            netns_cluster.Cluster(HOSTS, rate=rate) as cl:
         for ns in cl.namespaces:
             for key, value in sysctls.items():
+                if key in MACHINE_WIDE:
+                    continue
                 subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{key}={value}"],
                                check=True)
         result_file = Path(out, "times.json")
@@ -332,11 +397,36 @@ def floor(rate: str, op: str, mb: float) -> float:
     return sent * 8 / bits
 
 
-SUMMARY = ("tcp pair", "mpi allreduce", "jaxfog allreduce", "jaxfog one-peer",
-           "jaxfog one-peer delay=1")
+SUMMARY = ("tcp pair", "tcp one-peer receipted", "mpi allreduce", "jaxfog allreduce",
+           "jaxfog one-peer", "jaxfog one-peer delay=1")
 
 
-def write(results: dict, mb: float, reps: int) -> None:
+def _rounds_lines(rounds: list[dict], mb: float) -> list[str]:
+    """Each cell of the rounds, side by side: x floor with the busy gap (none in
+    brackets), one column a round."""
+    keys = dict.fromkeys((rate, config, key.split("|")[0])
+                         for one in rounds for rate in one for config in one[rate]
+                         for key in one[rate][config])
+    lines = ["## Rounds", "",
+             f"The configurations and exchanges above run {len(rounds)} times, interleaved "
+             "(each round every configuration once); x floor with a busy gap (none in "
+             "brackets). The tables above hold the last round.", "",
+             "| link | configuration | exchange | " + " | ".join(
+                 f"round {i + 1}" for i in range(len(rounds))) + " |",
+             "|---|---|---|" + "---:|" * len(rounds)]
+    for rate, config, op in keys:
+        cells = []
+        for one in rounds:
+            times = one.get(rate, {}).get(config, {})
+            busy, idle = times.get(f"{op}|busy 0.3 s"), times.get(f"{op}|none")
+            f = floor(rate, op, mb)
+            cells.append("-" if busy is None or idle is None else
+                         f"{busy['seconds'] / f:.2f}x ({idle['seconds'] / f:.2f}x)")
+        lines.append(f"| {rate} | {config} | {op} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write(results: dict, mb: float, reps: int, rounds: list[dict] | None = None) -> None:
     from jaxfog import _machine
 
     rates = list(results)
@@ -344,11 +434,12 @@ def write(results: dict, mb: float, reps: int) -> None:
     lines = [
         f"# A step's exchange against the link: {mb:g} MB of float32, 4 hosts x 1 rank",
         "",
-        f"Machine: {_machine.cpu()} (the 4 ranks share its cores); 2026-11-29. Hosts: "
+        f"Machine: {_machine.cpu()} (the 4 ranks share its cores); 2026-11-29, the "
+        "receipts and cubic configurations 2026-11-30. Hosts: "
         "network namespaces on one Linux bridge (scripts/netns_cluster.py), each host's "
         "veth capped both ways by `tc tbf "
         "<rate> burst 64kb latency 50ms`; MPICH 5.0.2 over UCX TCP; TCP congestion control "
-        "BBR (the machine's; a namespace may not change it). Each cell: seconds per "
+        "BBR (the machine's) unless a configuration names cubic. Each cell: seconds per "
         f"exchange over a loop of {reps} (the slowest rank), a gap before each exchange "
         "(busy: the rank spinning 0.3 s, as a step's compute); `x floor`: over the bytes one "
         "rank sends at the link's rate (payload only; TCP/IP headers add about 3%; for "
@@ -386,10 +477,13 @@ def write(results: dict, mb: float, reps: int) -> None:
                              f"{seconds / floor(rate, op, mb):.2f}x | "
                              f"{cell['retransmitted'] / max(1, cell['sent']):.1%} | "
                              f"{cell['timeouts'] / reps:.1f} |")
+    if rounds:
+        lines += ["", *_rounds_lines(rounds, mb)]
     OUT.parent.mkdir(exist_ok=True)
     OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
     OUT.with_suffix(".json").write_text(json.dumps({"mb": mb, "reps": reps,
-                                                    "results": results}, indent=1))
+                                                    "results": results, "rounds": rounds or []},
+                                                   indent=1))
     print("\n".join(lines), flush=True)
 
 
@@ -400,6 +494,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--ops", default="", help="only these exchanges (comma-separated)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the configurations this many times, interleaved; more "
+                             "than 1 replaces the committed rounds with these")
     parser.add_argument("--table", action="store_true",
                         help="write the table again from the committed JSON")
     parser.add_argument("--add", action="store_true",
@@ -411,21 +508,25 @@ def main() -> None:
     if args.rank:
         rank_main(args)
         return
+    saved = (json.loads(OUT.with_suffix(".json").read_text())
+             if OUT.with_suffix(".json").exists() else {})
     if args.table:
-        saved = json.loads(OUT.with_suffix(".json").read_text())
-        write(saved["results"], saved["mb"], saved["reps"])
+        write(saved["results"], saved["mb"], saved["reps"], saved.get("rounds"))
         return
     why_not = script("netns_cluster").permitted()
     if why_not:
         raise SystemExit(f"bench_link: {why_not}")
-    results: dict = {}
-    if args.add and OUT.with_suffix(".json").exists():  # more cells for the committed table
-        results = json.loads(OUT.with_suffix(".json").read_text())["results"]
-    for rate in args.rates.split(","):
-        for config in args.configs.split(","):
-            cells = results.setdefault(rate, {}).setdefault(config, {})
-            cells.update(run_config(rate, *CONFIGS[config], args))
-            write(results, args.mb, args.reps)
+    # --add: more cells for the committed table (and its rounds, unless new ones)
+    results: dict = saved.get("results", {}) if args.add else {}
+    kept = saved.get("rounds", []) if args.add and args.rounds == 1 else []
+    rounds: list[dict] = [{} for _ in range(args.rounds)] if args.rounds > 1 else []
+    for one in rounds or [{}]:
+        for rate in args.rates.split(","):
+            for config in args.configs.split(","):
+                cells = run_config(rate, *CONFIGS[config], args)
+                results.setdefault(rate, {}).setdefault(config, {}).update(cells)
+                one.setdefault(rate, {})[config] = cells
+                write(results, args.mb, args.reps, rounds or kept)
 
 
 if __name__ == "__main__":

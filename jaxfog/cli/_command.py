@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import Path
 from typing import Sequence
 
 import jaxfog
@@ -135,6 +136,7 @@ def info_lines() -> list[str]:
             f"MPI thread level: {levels.get(lib.jaxfog_mpi_query_thread(), '?')}",
             f"one-sided windows: {one_sided_component()}",
             hosts_line(),
+            tcp_line(),
             f"mpi4py {MPI.get_vendor()[0]} {'.'.join(map(str, MPI.get_vendor()[1]))} "
             f"(mpi4py {__import__('mpi4py').__version__})",
             f"FFI library: {ffi.LIBRARY_PATH}",
@@ -167,6 +169,36 @@ def hosts_line() -> str:
     hosts = ", ".join(f"{name} (rank{'s' * (len(r) > 1)} {_spans(r)})"
                       for name, r in ranks.items())
     return f"hosts: {len(ranks)}: {hosts}"
+
+
+def tcp_settings() -> tuple[str, str]:
+    """This host's TCP congestion control and whether a connection idle for a
+    retransmission timeout restarts in slow start (its network namespace's)."""
+    def read(name: str) -> str:
+        try:
+            return Path("/proc/sys/net/ipv4", name).read_text().strip()
+        except OSError:
+            return "?"
+
+    idle = {"1": "on", "0": "off"}.get(read("tcp_slow_start_after_idle"), "?")
+    return read("tcp_congestion_control"), idle
+
+
+def tcp_line() -> str:
+    """Each host's TCP settings that decide how much of a slow link an exchange
+    gets (collective), with a pointer where they are the ones that lose it."""
+    from mpi4py import MPI
+
+    facts = MPI.COMM_WORLD.allgather((MPI.Get_processor_name(), *tcp_settings()))
+    hosts = {name: (control, idle) for name, control, idle in facts}
+    settings = {f"congestion control {c}, slow start after idle {i}" for c, i in hosts.values()}
+    text = (settings.pop() if len(settings) == 1 else
+            "; ".join(f"{name}: congestion control {c}, slow start after idle {i}"
+                      for name, (c, i) in hosts.items()))
+    if len(hosts) > 1 and any(c == "bbr" or i == "on" for c, i in hosts.values()):
+        text += (" (on slow links between hosts, cubic and slow start after idle off "
+                 "lose less: docs/performance.rst, 'Where a step's exchange loses the link')")
+    return f"TCP: {text}"
 
 
 def _spans(ranks: list[int]) -> str:

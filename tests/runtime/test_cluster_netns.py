@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,7 +36,7 @@ def layout_and_hierarchical():
 
     import jaxfog as jf
     import jaxfog.topology as T
-    from jaxfog.cli._command import info_lines
+    from jaxfog.cli._command import info_lines, tcp_settings
 
     jf.init()
     r, n = jf.rank(), jf.size()
@@ -53,6 +54,14 @@ def layout_and_hierarchical():
     lines = info_lines()  # collective
     if r == 0:
         assert "hosts: 2: node0 (ranks 0-1), node1 (ranks 2-3)" in lines, lines
+        # Both hosts start from the machine's TCP settings: one line for both,
+        # pointing to the docs where they are the ones that lose slow links.
+        control, idle = tcp_settings()
+        assert control == Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+        tcp = [line for line in lines if line.startswith("TCP: ")]
+        assert tcp and tcp[0].startswith(
+            f"TCP: congestion control {control}, slow start after idle {idle}"), lines
+        assert ("docs/performance.rst" in tcp[0]) == (control == "bbr" or idle == "on"), tcp
         print("\n".join(lines), flush=True)
 
 

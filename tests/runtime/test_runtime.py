@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+from pathlib import Path
 
 import subprocess
 import sys
@@ -147,6 +148,11 @@ def test_info_reports_versions_mpi_and_library():
     text = "\n".join(lines)
     assert f"MPI library: {MPI.Get_library_version().splitlines()[0]}" in text
     assert "MPI thread level: MPI_THREAD_MULTIPLE" in text
+    # One host: its own TCP settings, read from the kernel, and no pointer.
+    control = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    idle = Path("/proc/sys/net/ipv4/tcp_slow_start_after_idle").read_text().strip()
+    assert (f"TCP: congestion control {control}, slow start after idle "
+            f"{'on' if idle == '1' else 'off'}") in lines, lines
     assert f"FFI library: {ffi.LIBRARY_PATH}" in text and ffi.LIBRARY_PATH.exists()
     build = ffi.build_info()
     # Built here, against this jaxlib's headers: the same XLA FFI API.
