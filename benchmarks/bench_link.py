@@ -408,9 +408,9 @@ def _rounds_lines(rounds: list[dict], mb: float) -> list[str]:
                          for one in rounds for rate in one for config in one[rate]
                          for key in one[rate][config])
     lines = ["## Rounds", "",
-             f"The configurations and exchanges above run {len(rounds)} times, interleaved "
+             f"These configurations and exchanges ran {len(rounds)} times, interleaved "
              "(each round every configuration once); x floor with a busy gap (none in "
-             "brackets). The tables above hold the last round.", "",
+             "brackets). The tables above hold the last round's cells.", "",
              "| link | configuration | exchange | " + " | ".join(
                  f"round {i + 1}" for i in range(len(rounds))) + " |",
              "|---|---|---|" + "---:|" * len(rounds)]
